@@ -1,0 +1,1 @@
+"""One module per model family; each defines FAMILY, a declarative table of rules."""

@@ -1,0 +1,1 @@
+"""The pure-JAX continuous-batching rollout backend."""

@@ -1,0 +1,1 @@
+"""The vLLM rollout backend (async engine, native weight-update API)."""

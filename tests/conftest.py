@@ -1,0 +1,32 @@
+"""Shared pytest set-up: 8 host devices for mesh tests, marker enforcement for gpu/vllm."""
+
+import importlib.util
+import os
+
+# Must be set before JAX is imported anywhere in the test process.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest  # noqa: E402
+
+
+def _has_cuda() -> bool:
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip `gpu` tests where no CUDA device is visible, and `vllm` tests where vLLM is absent."""
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    has_cuda = None
+    for item in items:
+        if "gpu" in item.keywords:
+            if has_cuda is None:
+                has_cuda = _has_cuda()
+            if not has_cuda:
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU; none is visible"))
+        if "vllm" in item.keywords and not has_vllm:
+            item.add_marker(pytest.mark.skip(reason="vllm is not installed (run scripts/setup.sh)"))
