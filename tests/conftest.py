@@ -30,3 +30,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU; none is visible"))
         if "vllm" in item.keywords and not has_vllm:
             item.add_marker(pytest.mark.skip(reason="vllm is not installed (run scripts/setup.sh)"))
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory):
+    """Factory: tiny_checkpoint(variant, seed=0, **overrides) -> Path of a random HF folder
+    (see trainer.checkpoints.tiny.TINY_CONFIGS), built once per session per argument set."""
+    from trainer.checkpoints.tiny import make_tiny_checkpoint
+
+    built: dict[tuple, object] = {}
+
+    def get(variant: str = "llama", seed: int = 0, **overrides):
+        key = (variant, seed, tuple(sorted(overrides.items())))
+        if key not in built:
+            folder = tmp_path_factory.mktemp(f"tiny-{variant}-{seed}")
+            built[key] = make_tiny_checkpoint(folder, variant, seed=seed, **overrides)
+        return built[key]
+
+    return get

@@ -1,0 +1,85 @@
+"""Applies a family's mapping to whole checkpoints, one tensor at a time (numpy only).
+
+Both directions are generators so that a caller never holds two full copies of a model:
+`checkpoint_to_params` reads a tensor, transforms it and yields it; `params_to_engine`
+does the reverse for the tensors an engine loads (HF names, the layout vLLM's
+`load_weights` takes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from mappings.spec import ConcreteRule, Family, MappingError, expand
+from mappings.transform import hf_to_jax, jax_to_hf
+
+
+def checkpoint_to_params(
+    family: Family,
+    cfg: Any,
+    read: Callable[[str], np.ndarray],
+    available: set[str],
+    jax_dims: Mapping[str, int] | None = None,
+) -> Iterator[tuple[ConcreteRule, np.ndarray]]:
+    """Yields (rule, JAX param array) for every param of `cfg`'s model.
+
+    Args:
+        family: the mapping; cfg: a ModelConfig.
+        read: returns a checkpoint tensor by HF name.
+        available: every tensor name in the checkpoint (checked before anything is read).
+        jax_dims: JAX-side sizes that differ from the checkpoint's (a padded "V").
+
+    Raises:
+        MappingError: tensors the mapping needs that the checkpoint lacks (all named, with
+            the checkpoint's path left to the caller), or a shape mismatch (named).
+    """
+    rules = expand(family, cfg, jax_dims)
+    missing = [r.hf for r in rules if r.hf not in available]
+    if missing:
+        hint = ""
+        if family.tied_head in missing:
+            hint = f" (the config says tie_word_embeddings=false, so {family.tied_head} is needed)"
+        raise MappingError(f"checkpoint lacks tensors {missing}{hint}")
+    hf_dims = cfg.dims()
+    jdims = dict(hf_dims, **(jax_dims or {}))
+    for rule in rules:
+        yield rule, hf_to_jax(rule, read(rule.hf), hf_dims, jdims)
+
+
+def params_to_engine(
+    family: Family,
+    cfg: Any,
+    params: Mapping[str, Any],
+    jax_dims: Mapping[str, int] | None = None,
+    cast: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> Iterator[tuple[str, np.ndarray]]:
+    """Yields (HF tensor name, array) for every tensor an engine (or HF folder) holds.
+
+    Args:
+        params: flat JAX params by dot path (arrays convertible with np.asarray; on CPU
+            that shares the buffer).
+        cast: optional per-tensor cast (e.g. to the engine's dtype), applied before the
+            layout change so that it touches each element once.
+
+    Raises:
+        MappingError: a param the mapping expects that `params` lacks, or params the
+            mapping does not know (all named), or a shape mismatch.
+    """
+    rules = expand(family, cfg, jax_dims)
+    expected = {r.jax for r in rules}
+    missing = sorted(expected - set(params))
+    unknown = sorted(set(params) - expected)
+    if missing or unknown:
+        raise MappingError(
+            f"{family.name}: params do not fit the mapping; missing {missing}, unknown {unknown}"
+        )
+    hf_dims = cfg.dims()
+    jdims = dict(hf_dims, **(jax_dims or {}))
+    for rule in rules:
+        array = np.asarray(params[rule.jax])
+        if cast is not None:
+            array = cast(array)
+        yield rule.hf, jax_to_hf(rule, array, hf_dims, jdims)

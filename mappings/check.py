@@ -1,0 +1,146 @@
+"""Holds a family's mapping against a checkpoint (and, where vLLM is installed, against the
+engine's fused parameter names).
+
+Reports every checkpoint tensor no rule maps, every rule whose tensor the checkpoint lacks,
+every name mapped twice, every shape that differs from the rule's layout, and every JAX
+param shape that differs from the model's. Reads tensor headers only, never the data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mappings.spec import Family, MappingError, expand
+
+
+@dataclasses.dataclass
+class CheckReport:
+    """The checker's findings; `ok` when every list is empty."""
+
+    family: str
+    unmapped: list[str] = dataclasses.field(default_factory=list)
+    missing: list[str] = dataclasses.field(default_factory=list)
+    doubly_mapped: list[str] = dataclasses.field(default_factory=list)
+    shape_mismatch: list[str] = dataclasses.field(default_factory=list)
+    engine_mismatch: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing was found."""
+        return not (
+            self.unmapped
+            or self.missing
+            or self.doubly_mapped
+            or self.shape_mismatch
+            or self.engine_mismatch
+        )
+
+    def lines(self) -> list[str]:
+        """Human-readable findings, one per line."""
+        out = []
+        for field in ("unmapped", "missing", "doubly_mapped", "shape_mismatch", "engine_mismatch"):
+            for item in getattr(self, field):
+                out.append(f"{field}: {item}")
+        return out
+
+
+def check_mapping(
+    family: Family,
+    cfg: Any,
+    checkpoint_shapes: Mapping[str, tuple[int, ...]],
+    jax_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    engine_packed: Mapping[str, tuple[str, ...]] | None = None,
+) -> CheckReport:
+    """Checks `family` for config `cfg` against tensor shapes.
+
+    Args:
+        checkpoint_shapes: HF tensor name -> shape (from the safetensors headers).
+        jax_shapes: JAX param path -> shape of the model built for `cfg`, if known.
+        engine_packed: the engine's packed modules (vLLM's `packed_modules_mapping`), if
+            known; every fused target of a rule must be one of them with a matching part.
+    """
+    report = CheckReport(family=family.name)
+    try:
+        rules = expand(family, cfg)
+    except MappingError as err:
+        report.doubly_mapped.append(str(err))
+        return report
+    mapped = {r.hf for r in rules}
+    for name in sorted(set(checkpoint_shapes) - mapped):
+        why = ""
+        if name == family.tied_head and family.is_tied(cfg):
+            why = " (the mapping declares tied embeddings but the checkpoint has a separate head)"
+        report.unmapped.append(f"{name}{why}")
+    for r in rules:
+        if r.hf not in checkpoint_shapes:
+            why = ""
+            if r.hf == family.tied_head:
+                why = " (the mapping declares an untied head but the checkpoint ties it)"
+            report.missing.append(f"{r.hf} (for {r.jax}){why}")
+        elif tuple(checkpoint_shapes[r.hf]) != r.hf_shape:
+            report.shape_mismatch.append(
+                f"{r.hf}: checkpoint {tuple(checkpoint_shapes[r.hf])}, "
+                f"rule {r.rule.hf_axes!r} -> {r.hf_shape}"
+            )
+    if jax_shapes is not None:
+        for r in rules:
+            if r.jax not in jax_shapes:
+                report.missing.append(f"{r.jax} (JAX param for {r.hf}) is not in the model")
+            elif tuple(jax_shapes[r.jax]) != r.jax_shape:
+                report.shape_mismatch.append(
+                    f"{r.jax}: model {tuple(jax_shapes[r.jax])}, "
+                    f"rule {r.rule.jax_axes!r} -> {r.jax_shape} (from {r.hf})"
+                )
+        for path in sorted(set(jax_shapes) - {r.jax for r in rules}):
+            report.unmapped.append(f"{path} (JAX param no rule produces)")
+    if engine_packed is not None:
+        for r in rules:
+            if r.fused is None:
+                continue
+            packed = r.fused[0].rsplit(".", 2)[-2]
+            part = r.hf.rsplit(".", 2)[-2]
+            if part not in engine_packed.get(packed, ()):
+                report.engine_mismatch.append(
+                    f"{r.hf}: fused into {packed!r}, but the engine packs "
+                    f"{packed!r} from {list(engine_packed.get(packed, ()))}"
+                )
+    return report
+
+
+def vllm_packed_modules(hf_config: Mapping[str, Any]) -> dict[str, tuple[str, ...]] | None:
+    """vLLM's `packed_modules_mapping` for the checkpoint's architecture, or None when vLLM
+    is not installed or does not know the architecture. Imports vLLM lazily."""
+    try:
+        from vllm.model_executor.models import ModelRegistry
+    except Exception:
+        return None
+    for arch in hf_config.get("architectures") or []:
+        try:
+            cls = ModelRegistry._try_load_model_cls(arch)  # noqa: SLF001
+        except Exception:
+            cls = None
+        if cls is not None:
+            packed = getattr(cls, "packed_modules_mapping", {}) or {}
+            return {k: tuple(v) for k, v in packed.items()}
+    return None
+
+
+def check_folder(family: Family, folder: str | Path, with_engine: bool = True) -> CheckReport:
+    """Checks `family` against an HF folder: config.json, safetensors headers, the JAX model's
+    abstract param shapes and (where vLLM is installed) vLLM's packed modules."""
+    from trainer.checkpoints.hf_io import CheckpointReader
+    from trainer.models.config import ModelConfig
+    from trainer.models.params import abstract_params
+
+    hf_config = json.loads((Path(folder) / "config.json").read_text())
+    cfg = ModelConfig.from_hf(hf_config)
+    if family.tied is not None:
+        cfg = cfg.replace(tie_word_embeddings=family.tied)
+    shapes = CheckpointReader(folder).shapes()
+    jax_shapes = {k: tuple(v.shape) for k, v in abstract_params(cfg).items()}
+    packed = vllm_packed_modules(hf_config) if with_engine else None
+    return check_mapping(family, cfg, shapes, jax_shapes, packed)

@@ -1,0 +1,174 @@
+"""HF safetensors folders in and out of the JAX Decoder, through the family's mapping.
+
+Loading reads one tensor at a time (single `model.safetensors` or sharded with
+`model.safetensors.index.json`), maps it, casts it to the param dtype and places it,
+optionally straight onto a mesh with FSDP sharding, so the whole model never sits on one
+device. Export writes `config.json` and `model.safetensors` that transformers and vLLM load.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+from safetensors import safe_open
+from safetensors.flax import save_file
+
+from mappings.apply import checkpoint_to_params, params_to_engine
+from mappings.registry import get_family
+from trainer.models.config import ModelConfig
+from trainer.models.decoder import Decoder
+from trainer.models.params import flat_params, model_from_params
+from trainer.sharding import param_sharding
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "chat_template.jinja",
+)
+
+
+class CheckpointReader:
+    """Random access to the tensors of an HF safetensors folder by name.
+
+    Raises:
+        FileNotFoundError: no `model.safetensors` nor `model.safetensors.index.json` in `path`.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        index = self.path / "model.safetensors.index.json"
+        if index.exists():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            self.files = {name: self.path / f for name, f in weight_map.items()}
+        elif (self.path / "model.safetensors").exists():
+            single = self.path / "model.safetensors"
+            with safe_open(single, framework="flax") as f:
+                self.files = {name: single for name in f.keys()}
+        else:
+            raise FileNotFoundError(
+                f"{self.path}: expected model.safetensors or model.safetensors.index.json"
+            )
+
+    def names(self) -> set[str]:
+        """Every tensor name in the checkpoint."""
+        return set(self.files)
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Name -> shape, read from the headers only (no tensor data)."""
+        out: dict[str, tuple[int, ...]] = {}
+        for file in sorted(set(self.files.values())):
+            with safe_open(file, framework="flax") as f:
+                for name in f.keys():
+                    out[name] = tuple(f.get_slice(name).get_shape())
+        return out
+
+    def read(self, name: str) -> np.ndarray:
+        """One tensor as numpy (bf16 as ml_dtypes.bfloat16). Raises KeyError naming it."""
+        if name not in self.files:
+            raise KeyError(f"tensor {name} is not in checkpoint {self.path}")
+        with safe_open(self.files[name], framework="flax") as f:
+            return np.asarray(f.get_tensor(name))
+
+
+def read_hf_config(path: str | Path) -> dict[str, Any]:
+    """The parsed `config.json` of an HF folder. Raises FileNotFoundError naming the path."""
+    file = Path(path) / "config.json"
+    if not file.exists():
+        raise FileNotFoundError(f"{file} does not exist; an HF checkpoint folder has one")
+    return json.loads(file.read_text())
+
+
+def load_hf_checkpoint(
+    path: str | Path,
+    *,
+    dtype: str = "float32",
+    param_dtype: str | None = None,
+    mesh: Mesh | None = None,
+    min_shard_bytes: int = 1 << 16,
+) -> tuple[ModelConfig, Decoder]:
+    """Loads an HF safetensors folder into a Decoder.
+
+    Args:
+        path: folder with config.json and model.safetensors (or a sharded index).
+        dtype: compute dtype; param_dtype: storage dtype (default: dtype).
+        mesh: if given, a ("dp", "fsdp") mesh; each param is placed with FSDP sharding as it
+            is read (see trainer.sharding), never whole on one device first.
+        min_shard_bytes: params smaller than this are replicated.
+
+    Returns:
+        (config, model).
+
+    Raises:
+        UnsupportedModelError: unknown model_type or dtype (lists the supported ones).
+        MappingError: a tensor the family needs is missing (named) or has the wrong shape.
+    """
+    cfg = ModelConfig.from_hf(read_hf_config(path), dtype=dtype, param_dtype=param_dtype)
+    reader = CheckpointReader(path)
+    family = get_family(cfg.family)
+    target = jnp.dtype(cfg.param_dtype)
+    loaded: dict[str, jax.Array] = {}
+    for rule, array in checkpoint_to_params(family, cfg, reader.read, reader.names()):
+        host = array.astype(target)
+        if mesh is None:
+            loaded[rule.jax] = jnp.asarray(host)
+        else:
+            sharding = param_sharding(host.shape, host.dtype, mesh, min_shard_bytes)
+            loaded[rule.jax] = jax.device_put(host, sharding)
+    return cfg, model_from_params(cfg, loaded)
+
+
+def export_tensors(model: Decoder, dtype: str | None = None) -> dict[str, np.ndarray]:
+    """The HF-named tensors of `model` (numpy, gathered to host), cast to `dtype` if given."""
+    cfg = model.cfg
+    family = get_family(cfg.family)
+    params = {k: np.asarray(jax.device_get(v)) for k, v in flat_params(model).items()}
+    cast = None if dtype is None else (lambda a: a.astype(jnp.dtype(dtype)))
+    return dict(params_to_engine(family, cfg, params, cast=cast))
+
+
+def save_hf_checkpoint(
+    model: Decoder,
+    path: str | Path,
+    *,
+    hf_config: dict[str, Any],
+    dtype: str | None = None,
+    tokenizer_from: str | Path | None = None,
+) -> Path:
+    """Writes `model` as an HF folder (config.json, model.safetensors) that transformers and
+    vLLM load.
+
+    Args:
+        hf_config: the checkpoint's original config dict (written back, with `torch_dtype`
+            / `dtype` set to the saved dtype).
+        dtype: tensor dtype on disk (default: the params' dtype).
+        tokenizer_from: a folder whose tokenizer files are copied beside the weights.
+
+    Returns:
+        The folder path.
+    """
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = export_tensors(model, dtype)
+    saved_dtype = dtype or model.cfg.param_dtype
+    config = dict(hf_config, torch_dtype=saved_dtype, dtype=saved_dtype)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    save_file(
+        {k: jnp.asarray(v) for k, v in tensors.items()},
+        out / "model.safetensors",
+        metadata={"format": "pt"},
+    )
+    if tokenizer_from is not None:
+        for name in TOKENIZER_FILES:
+            src = Path(tokenizer_from) / name
+            if src.exists():
+                shutil.copy(src, out / name)
+    return out

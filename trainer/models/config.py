@@ -1,0 +1,265 @@
+"""Model configuration read from an HF `config.json`; imports no ML library.
+
+One frozen dataclass covers every supported family; `ModelConfig.from_hf` reads both the
+transformers 4.x layout (`rope_theta`, `rope_scaling`) and the 5.x one (`rope_parameters`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+#: HF `model_type` -> our family name. Gemma 3 text checkpoints say "gemma3_text".
+MODEL_TYPES: dict[str, str] = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma3_text": "gemma3",
+    "gemma3": "gemma3",
+}
+SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+class UnsupportedModelError(ValueError):
+    """A checkpoint whose `model_type`, rope type, dtype or option the decoder cannot take."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding of one attention type.
+
+    Attributes:
+        theta: base wavelength.
+        rope_type: "default", "linear" (positions divided by `factor`) or "llama3"
+            (frequency-dependent scaling of Llama 3.1, arXiv:2407.21783).
+        factor, low_freq_factor, high_freq_factor, original_max_position_embeddings:
+            the scaling parameters of the "linear" and "llama3" types.
+    """
+
+    theta: float = 10000.0
+    rope_type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    @classmethod
+    def from_hf(cls, params: Mapping[str, Any]) -> RopeConfig:
+        """Builds from an HF rope dict (`rope_parameters` or `rope_scaling` plus theta)."""
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        if rope_type not in ROPE_TYPES:
+            raise UnsupportedModelError(
+                f"rope_type {rope_type!r} is not supported; supported: {list(ROPE_TYPES)}"
+            )
+        return cls(
+            theta=float(params.get("rope_theta", 10000.0)),
+            rope_type=rope_type,
+            factor=float(params.get("factor", 1.0)),
+            low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+            high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+            original_max_position_embeddings=int(
+                params.get("original_max_position_embeddings", 8192)
+            ),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of one decoder-only checkpoint, plus the dtypes we run it in.
+
+    Attributes:
+        family: "llama" | "qwen2" | "qwen3" | "gemma3".
+        vocab_size (V), hidden_size (D), intermediate_size (F), num_layers (L),
+        num_heads (N), num_kv_heads (K), head_dim (H).
+        rms_norm_eps: epsilon of every RMSNorm.
+        tie_word_embeddings: the LM head is the transposed embedding table.
+        attention_bias: q/k/v projections carry biases (qwen2).
+        qk_norm: per-head RMSNorm of queries and keys before rope (qwen3, gemma3).
+        norm_plus_one: RMSNorm scales by (1 + w) and multiplies in fp32 (gemma3).
+        post_norms: extra norms after attention and MLP (gemma3's four norms per layer).
+        embed_scale: multiply embeddings by sqrt(D) (gemma3).
+        hidden_act: "silu" or "gelu_pytorch_tanh".
+        query_scale: factor applied to q·k (1/sqrt(H), or query_pre_attn_scalar**-0.5).
+        layer_types: per layer "full_attention" or "sliding_attention".
+        sliding_window: window in tokens of sliding layers (a key s is seen by query q
+            when q - window < s <= q), or None.
+        rope_global / rope_local: rope of full and of sliding-window layers.
+        final_logit_softcap / attn_logit_softcap: tanh soft-capping, or None.
+        bos_token_id, eos_token_ids: special tokens of the checkpoint.
+        dtype: compute dtype of activations; param_dtype: storage dtype of the params.
+    """
+
+    family: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    qk_norm: bool = False
+    norm_plus_one: bool = False
+    post_norms: bool = False
+    embed_scale: bool = False
+    hidden_act: str = "silu"
+    query_scale: float = 0.0
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+    rope_global: RopeConfig = dataclasses.field(default_factory=RopeConfig)
+    rope_local: RopeConfig = dataclasses.field(default_factory=RopeConfig)
+    final_logit_softcap: float | None = None
+    attn_logit_softcap: float | None = None
+    max_position_embeddings: int = 8192
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        for name in ("dtype", "param_dtype"):
+            value = getattr(self, name)
+            if value not in SUPPORTED_DTYPES:
+                raise UnsupportedModelError(
+                    f"{name}={value!r} is not supported; supported: {list(SUPPORTED_DTYPES)}"
+                )
+        if self.num_heads % self.num_kv_heads:
+            raise UnsupportedModelError(
+                f"num_heads={self.num_heads} must be a multiple of "
+                f"num_kv_heads={self.num_kv_heads} (GQA)"
+            )
+        if len(self.layer_types) != self.num_layers:
+            raise UnsupportedModelError(
+                f"layer_types has {len(self.layer_types)} entries, expected {self.num_layers}"
+            )
+        if self.hidden_act not in ("silu", "gelu_pytorch_tanh"):
+            raise UnsupportedModelError(
+                f"hidden_act {self.hidden_act!r} is not supported; "
+                "supported: ['silu', 'gelu_pytorch_tanh']"
+            )
+
+    def dims(self) -> dict[str, int]:
+        """Symbolic dimension sizes used by the mappings: D, F, N, K, H, V, L."""
+        return {
+            "D": self.hidden_size,
+            "F": self.intermediate_size,
+            "N": self.num_heads,
+            "K": self.num_kv_heads,
+            "H": self.head_dim,
+            "V": self.vocab_size,
+            "L": self.num_layers,
+        }
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        """Returns a copy with `changes` applied (e.g. another dtype)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_hf(
+        cls,
+        hf: Mapping[str, Any],
+        *,
+        dtype: str = "float32",
+        param_dtype: str | None = None,
+    ) -> ModelConfig:
+        """Reads an HF `config.json` dict.
+
+        Args:
+            hf: the parsed `config.json` (a multimodal gemma3 config's `text_config` is used).
+            dtype: compute dtype, one of SUPPORTED_DTYPES.
+            param_dtype: storage dtype of params; defaults to `dtype`.
+
+        Raises:
+            UnsupportedModelError: unknown `model_type`, rope type, activation or dtype;
+                the message lists what is supported.
+        """
+        model_type = hf.get("model_type")
+        if model_type == "gemma3" and "text_config" in hf:
+            hf = {**hf["text_config"], "model_type": "gemma3_text"}
+            model_type = "gemma3_text"
+        if model_type not in MODEL_TYPES:
+            raise UnsupportedModelError(
+                f"model_type {model_type!r} is not supported; supported: {sorted(MODEL_TYPES)}"
+            )
+        family = MODEL_TYPES[str(model_type)]
+        num_heads = int(hf["num_attention_heads"])
+        hidden = int(hf["hidden_size"])
+        head_dim = int(hf.get("head_dim") or hidden // num_heads)
+        num_layers = int(hf["num_hidden_layers"])
+        gemma = family == "gemma3"
+        rope_global, rope_local = _read_rope(hf, gemma)
+        if gemma:
+            layer_types = tuple(hf.get("layer_types") or _gemma_layer_types(hf, num_layers))
+        else:
+            if hf.get("use_sliding_window"):
+                raise UnsupportedModelError(
+                    f"{model_type} with use_sliding_window=true is not supported"
+                )
+            layer_types = ("full_attention",) * num_layers
+        eos = hf.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        scalar = hf.get("query_pre_attn_scalar") if gemma else None
+        act = hf.get("hidden_activation") or hf.get("hidden_act") or "silu"
+        return cls(
+            family=family,
+            vocab_size=int(hf["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(hf["intermediate_size"]),
+            num_layers=num_layers,
+            num_heads=num_heads,
+            num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
+            head_dim=head_dim,
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", gemma)),
+            attention_bias=family == "qwen2" or bool(hf.get("attention_bias", False)),
+            qk_norm=family in ("qwen3", "gemma3"),
+            norm_plus_one=gemma,
+            post_norms=gemma,
+            embed_scale=gemma,
+            hidden_act=act,
+            query_scale=float(scalar) ** -0.5 if scalar else 1.0 / math.sqrt(head_dim),
+            layer_types=layer_types,
+            sliding_window=int(hf["sliding_window"])
+            if gemma and hf.get("sliding_window")
+            else None,
+            rope_global=rope_global,
+            rope_local=rope_local,
+            final_logit_softcap=hf.get("final_logit_softcapping"),
+            attn_logit_softcap=hf.get("attn_logit_softcapping"),
+            max_position_embeddings=int(hf.get("max_position_embeddings", 8192)),
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+            dtype=dtype,
+            param_dtype=param_dtype or dtype,
+        )
+
+
+def _read_rope(hf: Mapping[str, Any], gemma: bool) -> tuple[RopeConfig, RopeConfig]:
+    """Returns (global, local) rope configs from either HF rope layout."""
+    params = hf.get("rope_parameters")
+    if isinstance(params, Mapping) and "full_attention" in params:
+        full = RopeConfig.from_hf(params["full_attention"])
+        local = RopeConfig.from_hf(params.get("sliding_attention", params["full_attention"]))
+        return full, local
+    if isinstance(params, Mapping):
+        full = RopeConfig.from_hf(params)
+    else:
+        scaling = dict(hf.get("rope_scaling") or {})
+        scaling.setdefault("rope_theta", hf.get("rope_theta", 10000.0))
+        full = RopeConfig.from_hf(scaling)
+    local = RopeConfig(theta=float(hf.get("rope_local_base_freq", 10000.0))) if gemma else full
+    return full, local
+
+
+def _gemma_layer_types(hf: Mapping[str, Any], num_layers: int) -> list[str]:
+    """Gemma 3's default pattern: every `sliding_window_pattern`-th layer is global."""
+    pattern = int(hf.get("sliding_window_pattern") or hf.get("_sliding_window_pattern") or 6)
+    return [
+        "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+        for i in range(num_layers)
+    ]

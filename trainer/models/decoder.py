@@ -1,0 +1,117 @@
+"""One flax NNX decoder for every supported family (llama, qwen2, qwen3, gemma3).
+
+The family differences are switches of `ModelConfig` (biases, q/k norms, (1+w) norms,
+post norms, embedding scale, sliding-window layers, activation); see config.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from trainer.models.config import ModelConfig
+from trainer.models.kv_cache import KVCache
+from trainer.models.layers import MLP, Attention, RMSNorm, _normal
+
+
+class Block(nnx.Module):
+    """One pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)).
+
+    With `post_norms` (gemma3) the attention and MLP outputs are normed before the residual add.
+    Params: attn_norm, mlp_norm (and post_attn_norm, post_mlp_norm) `.scale` [D]; attn; mlp.
+    """
+
+    def __init__(self, cfg: ModelConfig, layer: int, rngs: nnx.Rngs):
+        D, eps, p1, p = cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_plus_one, cfg.param_dtype
+        self.post_norms = cfg.post_norms
+        self.attn_norm = RMSNorm(D, eps, p1, p)
+        self.attn = Attention(cfg, layer, rngs)
+        self.mlp_norm = RMSNorm(D, eps, p1, p)
+        self.mlp = MLP(cfg, rngs)
+        if cfg.post_norms:
+            self.post_attn_norm = RMSNorm(D, eps, p1, p)
+            self.post_mlp_norm = RMSNorm(D, eps, p1, p)
+
+    def __call__(
+        self, x: jax.Array, positions: jax.Array, kv: tuple[jax.Array, jax.Array] | None
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        """x: [B, T, D], positions: [B, T] -> ([B, T, D], updated layer cache)."""
+        h, kv = self.attn(self.attn_norm(x), positions, kv)
+        if self.post_norms:
+            h = self.post_attn_norm(h)
+        x = x + h
+        h = self.mlp(self.mlp_norm(x))
+        if self.post_norms:
+            h = self.post_mlp_norm(h)
+        return x + h, kv
+
+
+class Decoder(nnx.Module):
+    """A decoder-only language model.
+
+    Params: embed.embedding [V, D]; layers[i] (see Block); final_norm.scale [D];
+    lm_head.kernel [D, V] unless `tie_word_embeddings` (then the LM head is embedding.T).
+
+    Calls:
+        model(tokens, positions, cache=None) -> (logits [B, T, V] float32, cache)
+        model.hidden(tokens, positions, cache=None) -> (hidden [B, T, D] in cfg.dtype, cache)
+        model.logits(hidden [..., D]) -> [..., V] float32
+    tokens and positions are int32 [B, T]; see KVCache for the cache semantics.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.embed = nnx.Module()
+        self.embed.embedding = _normal(rngs, (cfg.vocab_size, cfg.hidden_size), cfg.param_dtype)
+        self.layers = nnx.List([Block(cfg, i, rngs) for i in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(
+            cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_plus_one, cfg.param_dtype
+        )
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nnx.Module()
+            self.lm_head.kernel = _normal(rngs, (cfg.hidden_size, cfg.vocab_size), cfg.param_dtype)
+
+    def hidden(
+        self, tokens: jax.Array, positions: jax.Array, cache: KVCache | None = None
+    ) -> tuple[jax.Array, KVCache | None]:
+        """Final hidden states [B, T, D] (after the final norm), without the LM head."""
+        cfg = self.cfg
+        table = self.embed.embedding[...]
+        x = jnp.take(table, tokens, axis=0).astype(cfg.dtype)  # [B, T, D]
+        if cfg.embed_scale:
+            x = x * jnp.asarray(math.sqrt(cfg.hidden_size), dtype=table.dtype).astype(cfg.dtype)
+        new_k, new_v = [], []
+        for i, block in enumerate(self.layers):
+            with jax.named_scope(f"layer_{i}"):
+                kv = None if cache is None else (cache.k[i], cache.v[i])
+                x, kv = block(x, positions, kv)
+            if kv is not None:
+                new_k.append(kv[0])
+                new_v.append(kv[1])
+        new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v))
+        return self.final_norm(x), new_cache
+
+    def lm_head_weight(self) -> jax.Array:
+        """The LM head as [D, V] in param dtype (the embedding transposed when tied)."""
+        if self.cfg.tie_word_embeddings:
+            return self.embed.embedding[...].T
+        return self.lm_head.kernel[...]
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """hidden [..., D] -> logits [..., V] float32 (LM head applied in fp32, then soft-cap)."""
+        w = self.lm_head_weight().astype(jnp.float32)
+        logits = jnp.einsum("...d,dv->...v", hidden.astype(jnp.float32), w)
+        cap = self.cfg.final_logit_softcap
+        if cap is not None:
+            logits = jnp.tanh(logits / cap) * cap
+        return logits
+
+    def __call__(
+        self, tokens: jax.Array, positions: jax.Array, cache: KVCache | None = None
+    ) -> tuple[jax.Array, KVCache | None]:
+        """tokens, positions: int32 [B, T] -> (logits [B, T, V] float32, updated cache)."""
+        h, cache = self.hidden(tokens, positions, cache)
+        return self.logits(h), cache

@@ -1,0 +1,208 @@
+"""Building blocks of the decoder: RMSNorm, rotary embedding, GQA attention over a KV cache, MLP.
+
+Axis legend used in every einsum here:
+    B batch, T query length, S key length (cache slots), D model width, F MLP width,
+    N query heads, K kv heads, G query heads per kv head (N = K·G), H head dim, V vocab.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from trainer.models.config import ModelConfig, RopeConfig
+
+_INIT_STD = 0.02
+
+
+def _normal(rngs: nnx.Rngs, shape: tuple[int, ...], dtype: str) -> nnx.Param:
+    return nnx.Param(_INIT_STD * jax.random.normal(rngs.params(), shape, dtype=dtype))
+
+
+class RMSNorm(nnx.Module):
+    """Root-mean-square norm (Zhang & Sennrich 2019) as HF computes it.
+
+    Llama style: `w * (x_fp32 * rsqrt(mean(x²) + eps)).astype(x.dtype)`.
+    Gemma style (`plus_one`): `(x_fp32 * rsqrt(mean(x²) + eps) * (1 + w_fp32)).astype(x.dtype)`,
+    the multiply done in fp32 (transformers PR 29402).
+
+    Param `scale`: [dim], initialised to 1 (Llama) or 0 (Gemma).
+    """
+
+    def __init__(self, dim: int, eps: float, plus_one: bool, param_dtype: str):
+        self.eps = eps
+        self.plus_one = plus_one
+        init = jnp.zeros if plus_one else jnp.ones
+        self.scale = nnx.Param(init((dim,), dtype=param_dtype))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """x: [..., dim] -> [..., dim], same dtype."""
+        xf = x.astype(jnp.float32)
+        normed = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        if self.plus_one:
+            return (normed * (1.0 + self.scale[...].astype(jnp.float32))).astype(x.dtype)
+        return self.scale[...].astype(x.dtype) * normed.astype(x.dtype)
+
+
+def rope_inv_freq(rope: RopeConfig, head_dim: int) -> jax.Array:
+    """Inverse frequencies [H/2] float32 of one rope config.
+
+    "default": theta^(-2i/H) (RoFormer, arXiv:2104.09864); "linear": divided by `factor`;
+    "llama3": the wavelength-banded scaling of Llama 3.1 (arXiv:2407.21783, as in
+    transformers' `_compute_llama3_parameters`).
+    """
+    exponents = jnp.arange(0, head_dim, 2, dtype=jnp.int32).astype(jnp.float32) / head_dim
+    inv_freq = 1.0 / (rope.theta**exponents)
+    if rope.rope_type == "linear":
+        return inv_freq / rope.factor
+    if rope.rope_type == "llama3":
+        low_wavelen = rope.original_max_position_embeddings / rope.low_freq_factor
+        high_wavelen = rope.original_max_position_embeddings / rope.high_freq_factor
+        wavelen = 2 * jnp.pi / inv_freq
+        scaled = jnp.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+        smooth = (rope.original_max_position_embeddings / wavelen - rope.low_freq_factor) / (
+            rope.high_freq_factor - rope.low_freq_factor
+        )
+        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return jnp.where(medium, smoothed, scaled)
+    return inv_freq
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
+    """Rotates x: [B, T, heads, H] by positions [B, T] (int32), half-split layout of HF.
+
+    The angles are computed in float32 and cos/sin cast to x's dtype, as transformers does.
+    """
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, H/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, T, 1, H]
+    cos, sin = jnp.cos(angles).astype(x.dtype), jnp.sin(angles).astype(x.dtype)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+def attention_mask(q_pos: jax.Array, k_pos: jax.Array, sliding_window: int | None) -> jax.Array:
+    """Boolean mask [B, T, S]: key slot s is visible to query t.
+
+    q_pos: [B, T] int32 positions of the queries; k_pos: [B, S] int32 positions of the
+    keys (-1 marks an empty slot). Causal (k <= q), and on sliding layers q - window < k.
+    """
+    q = q_pos[:, :, None]
+    k = k_pos[:, None, :]
+    mask = (k <= q) & (k >= 0)
+    if sliding_window is not None:
+        mask &= k > q - sliding_window
+    return mask
+
+
+class Attention(nnx.Module):
+    """Grouped-query attention (Ainslie et al. 2023) with rope, optional q/k biases and q/k norms.
+
+    Params: q.kernel [D, N, H], k.kernel / v.kernel [D, K, H], o.kernel [N, H, D];
+    with `attention_bias` q.bias [N, H], k.bias / v.bias [K, H];
+    with `qk_norm` q_norm.scale / k_norm.scale [H].
+    """
+
+    def __init__(self, cfg: ModelConfig, layer: int, rngs: nnx.Rngs):
+        D, N, K, H = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        p = cfg.param_dtype
+        self.cfg = cfg
+        self.sliding = cfg.layer_types[layer] == "sliding_attention"
+        self.q = _Proj(rngs, (D, N, H), (N, H) if cfg.attention_bias else None, p)
+        self.k = _Proj(rngs, (D, K, H), (K, H) if cfg.attention_bias else None, p)
+        self.v = _Proj(rngs, (D, K, H), (K, H) if cfg.attention_bias else None, p)
+        self.o = _Proj(rngs, (N, H, D), None, p)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(H, cfg.rms_norm_eps, cfg.norm_plus_one, p)
+            self.k_norm = RMSNorm(H, cfg.rms_norm_eps, cfg.norm_plus_one, p)
+
+    def __call__(
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        kv: tuple[jax.Array, jax.Array] | None,
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        """x: [B, T, D]; positions: [B, T] int32; kv: this layer's cache ([B, S, K, H] ×2) or None.
+
+        Returns the output [B, T, D] and the updated cache (the call's keys and values
+        written at slots `positions`; out-of-range slots are dropped).
+        """
+        cfg = self.cfg
+        dt = cfg.dtype
+        q = jnp.einsum("btd,dnh->btnh", x, self.q.kernel[...].astype(dt))
+        k = jnp.einsum("btd,dkh->btkh", x, self.k.kernel[...].astype(dt))
+        v = jnp.einsum("btd,dkh->btkh", x, self.v.kernel[...].astype(dt))
+        if cfg.attention_bias:
+            q = q + self.q.bias[...].astype(dt)
+            k = k + self.k.bias[...].astype(dt)
+            v = v + self.v.bias[...].astype(dt)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        rope = cfg.rope_local if self.sliding else cfg.rope_global
+        inv_freq = rope_inv_freq(rope, cfg.head_dim)
+        q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        if kv is None:
+            keys, values, k_pos = k, v, positions
+        else:
+            rows = jnp.arange(x.shape[0])[:, None]  # [B, 1]
+            keys = kv[0].at[rows, positions].set(k.astype(kv[0].dtype), mode="drop")
+            values = kv[1].at[rows, positions].set(v.astype(kv[1].dtype), mode="drop")
+            slots = keys.shape[1]
+            k_pos = jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32), (x.shape[0], slots))
+            kv = (keys, values)
+        window = cfg.sliding_window if self.sliding else None
+        mask = attention_mask(positions, k_pos, window)  # [B, T, S]
+        B, T, N, H = q.shape
+        K = keys.shape[2]
+        qg = q.reshape(B, T, K, N // K, H)  # [B, T, K, G, H]
+        scores = jnp.einsum("btkgh,bskh->bkgts", qg, keys.astype(dt)).astype(jnp.float32)
+        scores = scores * cfg.query_scale
+        if cfg.attn_logit_softcap is not None:
+            scores = jnp.tanh(scores / cfg.attn_logit_softcap) * cfg.attn_logit_softcap
+        scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+        out = jnp.einsum("bkgts,bskh->btkgh", probs, values.astype(dt)).reshape(B, T, N, H)
+        return jnp.einsum("btnh,nhd->btd", out, self.o.kernel[...].astype(dt)), kv
+
+
+class _Proj(nnx.Module):
+    """A projection's params: `kernel` of the given shape and an optional `bias`."""
+
+    def __init__(
+        self,
+        rngs: nnx.Rngs,
+        kernel_shape: tuple[int, ...],
+        bias_shape: tuple[int, ...] | None,
+        param_dtype: str,
+    ):
+        self.kernel = _normal(rngs, kernel_shape, param_dtype)
+        if bias_shape is not None:
+            self.bias = _normal(rngs, bias_shape, param_dtype)
+
+
+class MLP(nnx.Module):
+    """Gated MLP (Shazeer 2020, GLU variants): down(act(gate(x)) * up(x)).
+
+    Params: gate.kernel / up.kernel [D, F], down.kernel [F, D]. act is SiLU (Llama, Qwen)
+    or tanh-approximated GELU (Gemma).
+    """
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        D, F, p = cfg.hidden_size, cfg.intermediate_size, cfg.param_dtype
+        self.cfg = cfg
+        self.gate = _Proj(rngs, (D, F), None, p)
+        self.up = _Proj(rngs, (D, F), None, p)
+        self.down = _Proj(rngs, (F, D), None, p)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """x: [B, T, D] -> [B, T, D]."""
+        dt = self.cfg.dtype
+        gate = jnp.einsum("btd,df->btf", x, self.gate.kernel[...].astype(dt))
+        up = jnp.einsum("btd,df->btf", x, self.up.kernel[...].astype(dt))
+        if self.cfg.hidden_act == "silu":
+            act = jax.nn.silu(gate)
+        else:
+            act = jax.nn.gelu(gate, approximate=True)
+        return jnp.einsum("btf,fd->btd", act * up, self.down.kernel[...].astype(dt))

@@ -1,0 +1,56 @@
+"""Flat views of a Decoder's params by dot path ("layers.3.attn.q.kernel"), both ways."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import jax
+from flax import nnx
+
+from trainer.models.config import ModelConfig
+from trainer.models.decoder import Decoder
+
+
+def path_str(path: tuple) -> str:
+    """("layers", 3, "attn", "q", "kernel") -> "layers.3.attn.q.kernel"."""
+    return ".".join(str(p) for p in path)
+
+
+def flat_params(model: Decoder) -> dict[str, jax.Array]:
+    """Every param of `model` by dot path (the arrays themselves, no copy)."""
+    flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
+    return {path_str(path): var.get_value() for path, var in flat}
+
+
+def abstract_params(cfg: ModelConfig) -> dict[str, jax.ShapeDtypeStruct]:
+    """Shapes and dtypes of every param of a Decoder for `cfg`, built without allocating."""
+    abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+    return flat_params(abstract)
+
+
+def model_from_params(
+    cfg: ModelConfig,
+    get: Callable[[str, jax.ShapeDtypeStruct], jax.Array] | Mapping[str, jax.Array],
+) -> Decoder:
+    """Builds a Decoder whose params come from `get` (a mapping, or a callable taking the dot
+    path and the expected ShapeDtypeStruct), without ever initialising random weights.
+
+    Raises:
+        KeyError: a param path that `get` lacks (named).
+        ValueError: an array whose shape differs from the model's (named, expected vs got).
+    """
+    abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    filled = []
+    for path, var in nnx.to_flat_state(state):
+        name, want = path_str(path), var.get_value()
+        if isinstance(get, Mapping):
+            if name not in get:
+                raise KeyError(f"param {name} is missing; expected shape {want.shape}")
+            value = get[name]
+        else:
+            value = get(name, want)
+        if tuple(value.shape) != tuple(want.shape):
+            raise ValueError(f"param {name}: expected shape {want.shape}, got {value.shape}")
+        filled.append((path, var.replace(value)))
+    return nnx.merge(graphdef, nnx.from_flat_state(filled))
