@@ -96,7 +96,7 @@ def ensure_smollm2() -> Path:
         raise ValueError(f"GGUF state dict mismatch: missing {missing}, unexpected {unexpected}")
     model.tie_weights()
     out.mkdir(parents=True, exist_ok=True)
-    model.to(torch.float32).save_pretrained(str(out))
+    model.float().save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     (out / _DONE).write_text(GGUF_SHA256 + "\n")
     return out

@@ -17,6 +17,20 @@ from trainer.models.kv_cache import KVCache
 from trainer.models.layers import MLP, Attention, RMSNorm, _normal
 
 
+class _Embed(nnx.Module):
+    """Holds the token embedding table `embedding` [V, D]."""
+
+    def __init__(self, embedding: nnx.Param):
+        self.embedding = embedding
+
+
+class _Head(nnx.Module):
+    """Holds an untied LM head `kernel` [D, V]."""
+
+    def __init__(self, kernel: nnx.Param):
+        self.kernel = kernel
+
+
 class Block(nnx.Module):
     """One pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)).
 
@@ -64,15 +78,13 @@ class Decoder(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.embed = nnx.Module()
-        self.embed.embedding = _normal(rngs, (cfg.vocab_size, cfg.hidden_size), cfg.param_dtype)
+        self.embed = _Embed(_normal(rngs, (cfg.vocab_size, cfg.hidden_size), cfg.param_dtype))
         self.layers = nnx.List([Block(cfg, i, rngs) for i in range(cfg.num_layers)])
         self.final_norm = RMSNorm(
             cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_plus_one, cfg.param_dtype
         )
         if not cfg.tie_word_embeddings:
-            self.lm_head = nnx.Module()
-            self.lm_head.kernel = _normal(rngs, (cfg.hidden_size, cfg.vocab_size), cfg.param_dtype)
+            self.lm_head = _Head(_normal(rngs, (cfg.hidden_size, cfg.vocab_size), cfg.param_dtype))
 
     def hidden(
         self, tokens: jax.Array, positions: jax.Array, cache: KVCache | None = None

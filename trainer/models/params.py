@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 from flax import nnx
@@ -22,7 +23,7 @@ def flat_params(model: Decoder) -> dict[str, jax.Array]:
     return {path_str(path): var.get_value() for path, var in flat}
 
 
-def abstract_params(cfg: ModelConfig) -> dict[str, jax.ShapeDtypeStruct]:
+def abstract_params(cfg: ModelConfig) -> dict[str, Any]:
     """Shapes and dtypes of every param of a Decoder for `cfg`, built without allocating."""
     abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
     return flat_params(abstract)

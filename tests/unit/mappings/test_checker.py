@@ -1,0 +1,93 @@
+"""The checker passes on every family and names the tensor on deliberately broken mappings."""
+
+import dataclasses
+
+import pytest
+
+from mappings.__main__ import main
+from mappings.check import check_folder
+from mappings.families._base import LM_HEAD
+from mappings.registry import get_family
+from mappings.spec import Rule
+
+VARIANT_FAMILY = {
+    "llama": "llama",
+    "smollm2": "llama",
+    "llama3": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma3": "gemma3",
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANT_FAMILY))
+def test_checker_passes_on_every_family(variant, tiny_checkpoint):
+    report = check_folder(get_family(VARIANT_FAMILY[variant]), tiny_checkpoint(variant), False)
+    assert report.ok, report.lines()
+
+
+def test_cli_exit_codes(tiny_checkpoint, capsys):
+    assert main(["check", "--family", "qwen2", "--no-engine", str(tiny_checkpoint("qwen2"))]) == 0
+    assert main(["check", "--family", "llama", "--no-engine", str(tiny_checkpoint("qwen2"))]) == 1
+    out = capsys.readouterr().out
+    assert "unmapped: model.layers.0.self_attn.q_proj.bias" in out
+
+
+def test_missing_lm_head_rule_is_named(tiny_checkpoint):
+    family = get_family("llama")
+    broken = dataclasses.replace(family, rules=tuple(r for r in family.rules if r is not LM_HEAD))
+    report = check_folder(broken, tiny_checkpoint("llama"), False)
+    assert not report.ok
+    assert "lm_head.weight" in report.unmapped
+
+
+def test_wrong_transpose_is_named(tiny_checkpoint):
+    family = get_family("llama")
+    rules = tuple(
+        Rule(r.jax, r.hf, r.hf_axes, "F D", r.tp_dim, r.fused, r.when)
+        if r.jax.endswith("mlp.gate.kernel")
+        else r
+        for r in family.rules
+    )
+    report = check_folder(dataclasses.replace(family, rules=rules), tiny_checkpoint("llama"), False)
+    assert not report.ok
+    assert any(
+        line.startswith("layers.0.mlp.gate.kernel: model (64, 96)")
+        for line in report.shape_mismatch
+    ), report.shape_mismatch
+
+
+def test_tied_declared_on_separate_head_checkpoint(tiny_checkpoint):
+    family = dataclasses.replace(get_family("llama"), tied=True)
+    report = check_folder(family, tiny_checkpoint("llama"), False)
+    assert report.unmapped == [
+        "lm_head.weight (the mapping declares tied embeddings but the checkpoint has a "
+        "separate head)"
+    ]
+
+
+def test_untied_declared_on_tied_checkpoint(tiny_checkpoint):
+    family = dataclasses.replace(get_family("llama"), tied=False)
+    report = check_folder(family, tiny_checkpoint("smollm2"), False)
+    assert report.missing == [
+        "lm_head.weight (for lm_head.kernel) (the mapping declares an untied head but the "
+        "checkpoint ties it)"
+    ]
+
+
+def test_checker_holds_mapping_against_vllm_names(tiny_checkpoint):
+    pytest.importorskip("vllm")
+    report = check_folder(get_family("qwen3"), tiny_checkpoint("qwen3"), True)
+    assert report.ok, report.lines()
+    family = get_family("qwen3")
+    rules = tuple(
+        dataclasses.replace(r, fused=(r.fused[0].replace("gate_up_proj", "gate_proj"), "0"))
+        if r.fused and "gate_up_proj" in r.fused[0]
+        else r
+        for r in family.rules
+    )
+    report = check_folder(dataclasses.replace(family, rules=rules), tiny_checkpoint("qwen3"), True)
+    assert any(
+        "model.layers.0.mlp.gate_proj.weight: fused into 'gate_proj'" in line
+        for line in report.engine_mismatch
+    ), report.engine_mismatch
