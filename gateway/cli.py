@@ -1,0 +1,133 @@
+"""`python -m gateway serve|status|make-tokens`: run a gateway, print its status, make tokens.
+
+Imports only grpc and the protos (no JAX, torch or vLLM): the server starts in well under a
+second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from gateway.config import GatewayConfig
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m gateway", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run a gateway server until shut down")
+    serve.add_argument("--host", default="127.0.0.1", help="interface (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=0, help="TCP port; 0 picks a free one")
+    serve.add_argument("--token-file", type=Path, required=True, help="role=token lines")
+    serve.add_argument("--cert", type=Path, help="PEM certificate chain (TLS)")
+    serve.add_argument("--key", type=Path, help="PEM private key (TLS)")
+    serve.add_argument("--port-file", type=Path, help="write the bound port here")
+    serve.add_argument("--lease-seconds", type=float, default=GatewayConfig.lease_seconds)
+    serve.add_argument("--heartbeat-timeout", type=float, default=GatewayConfig.heartbeat_timeout_s)
+    serve.add_argument("--heartbeat-interval", type=float, default=0.0, help="0: timeout / 3")
+    serve.add_argument("--rollout-capacity", type=int, default=GatewayConfig.rollout_capacity)
+    serve.add_argument("--max-pending", type=int, default=GatewayConfig.max_pending_prompts)
+    serve.add_argument("--max-wait", type=float, default=GatewayConfig.max_wait_s)
+    serve.add_argument("--max-message-mb", type=int, default=64)
+    serve.add_argument("--max-workers", type=int, default=64, help="threads serving calls")
+    serve.add_argument("--family", default="", help="the run's model family, if known now")
+    serve.add_argument("--mapping", default="")
+    serve.add_argument("--dtype", default="")
+    serve.add_argument("--transport", default="")
+    serve.add_argument("--rendezvous", default="")
+    serve.add_argument("--backends", default="", help="comma-separated allowed backends")
+    serve.add_argument("--log-level", default="INFO")
+
+    status = sub.add_parser("status", help="print engines, versions, queue depths and rates")
+    status.add_argument("--address", required=True, help="HOST:PORT")
+    status.add_argument("--token-file", type=Path, required=True)
+    status.add_argument("--role", default="trainer", choices=("trainer", "engine"))
+    status.add_argument("--ca", type=Path, help="PEM certificate to trust (TLS)")
+    status.add_argument("--timeout", type=float, default=5.0, help="seconds to wait")
+    status.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    tokens = sub.add_parser("make-tokens", help="write a fresh token file (mode 0600)")
+    tokens.add_argument("path", type=Path)
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gateway.auth import load_tokens
+    from gateway.server import GatewayServer
+
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
+    config = GatewayConfig(
+        lease_seconds=args.lease_seconds,
+        heartbeat_timeout_s=args.heartbeat_timeout,
+        heartbeat_interval_s=args.heartbeat_interval,
+        max_pending_prompts=args.max_pending,
+        rollout_capacity=args.rollout_capacity,
+        max_wait_s=args.max_wait,
+        max_message_bytes=args.max_message_mb * 1024 * 1024,
+        model_family=args.family,
+        mapping=args.mapping,
+        dtype=args.dtype,
+        transport=args.transport,
+        rendezvous_address=args.rendezvous,
+        backends=tuple(b for b in args.backends.split(",") if b),
+    )
+    server = GatewayServer(
+        config,
+        load_tokens(args.token_file),
+        host=args.host,
+        port=args.port,
+        cert_file=args.cert,
+        key_file=args.key,
+        max_workers=args.max_workers,
+    ).start()
+    if args.port_file:
+        tmp = args.port_file.with_suffix(".tmp")
+        tmp.write_text(str(server.port))
+        tmp.replace(args.port_file)
+    print(f"gateway listening on {server.address} tls={server.tls}", flush=True)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: server._stop_soon("signal"))
+    server.wait()
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from google.protobuf import json_format
+
+    from gateway.client import GatewayClient
+    from gateway.status import format_status
+
+    with GatewayClient.from_token_file(
+        args.address, args.token_file, args.role, ca_file=args.ca, margin_s=args.timeout
+    ) as client:
+        reply = client.status()
+    if args.json:
+        print(json.dumps(json_format.MessageToDict(reply, preserving_proto_field_name=True)))
+    else:
+        print(format_status(reply))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse `argv` and run the subcommand; returns the exit status."""
+    args = _parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "status":
+        from gateway.errors import GatewayError
+
+        try:
+            return _status(args)
+        except GatewayError as e:
+            print(f"status failed: {e}", file=sys.stderr)
+            return 1
+    from gateway.auth import write_tokens
+
+    write_tokens(args.path)
+    print(f"wrote trainer and engine tokens to {args.path}")
+    return 0

@@ -1,0 +1,176 @@
+"""Conversions between the client's dataclasses (`gateway.messages`) and the protos."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gateway import messages as m
+from protos import gateway_pb2 as gpb
+from protos import rollout_pb2 as rpb
+
+_FINISH_TO_PB = {
+    "stop": rpb.FINISH_REASON_STOP,
+    "length": rpb.FINISH_REASON_LENGTH,
+    "abort": rpb.FINISH_REASON_ABORT,
+}
+_FINISH_FROM_PB = {v: k for k, v in _FINISH_TO_PB.items()}
+PHASE_TO_PB = {
+    "ready": gpb.SYNC_PHASE_READY,
+    "loaded": gpb.SYNC_PHASE_LOADED,
+    "failed": gpb.SYNC_PHASE_FAILED,
+}
+_PHASE_FROM_PB: dict[int, str] = {int(v): k for k, v in PHASE_TO_PB.items()}
+
+
+def _ints(values) -> list[int]:
+    return values.tolist() if isinstance(values, np.ndarray) else list(values)
+
+
+def prompt_to_pb(p: m.Prompt) -> rpb.Prompt:
+    """A Prompt as a proto (token ids [P] copied as int32)."""
+    s = p.sampling
+    sampling = rpb.SamplingParams(
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        max_new_tokens=s.max_new_tokens,
+        stop_token_ids=list(s.stop_token_ids),
+        reasoning_budget=s.reasoning_budget,
+    )
+    if s.seed is not None:
+        sampling.seed = s.seed
+    return rpb.Prompt(
+        sample_id=p.sample_id,
+        token_ids=_ints(p.token_ids),
+        group_size=p.group_size,
+        sampling=sampling,
+        is_eval=p.is_eval,
+        min_version=p.min_version,
+    )
+
+
+def prompt_from_pb(p: rpb.Prompt) -> m.Prompt:
+    """A proto Prompt as a dataclass; token ids become an int32 array [P]."""
+    s = p.sampling
+    return m.Prompt(
+        sample_id=p.sample_id,
+        token_ids=np.array(p.token_ids, dtype=np.int32),
+        group_size=p.group_size,
+        sampling=m.SamplingParams(
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            max_new_tokens=s.max_new_tokens,
+            stop_token_ids=tuple(s.stop_token_ids),
+            seed=s.seed if s.HasField("seed") else None,
+            reasoning_budget=s.reasoning_budget,
+        ),
+        is_eval=p.is_eval,
+        min_version=p.min_version,
+    )
+
+
+def completion_to_pb(c: m.Completion) -> rpb.Completion:
+    """A Completion as a proto.
+
+    Raises:
+        ValueError: the finish reason is not "stop", "length" or "abort".
+    """
+    if c.finish_reason not in _FINISH_TO_PB:
+        raise ValueError(
+            f"finish_reason: expected one of {m.FINISH_REASONS}, got {c.finish_reason!r}"
+        )
+    return rpb.Completion(
+        token_ids=_ints(c.token_ids),
+        logprobs=c.logprobs.tolist() if isinstance(c.logprobs, np.ndarray) else list(c.logprobs),
+        finish_reason=_FINISH_TO_PB[c.finish_reason],
+        version_start=c.version_start,
+        version_end=c.version_end,
+        version_spans=[
+            rpb.VersionSpan(version=v, start_token=a, end_token=b) for v, a, b in c.version_spans
+        ],
+        first_token_s=c.first_token_s,
+        generation_s=c.generation_s,
+    )
+
+
+def completion_from_pb(c: rpb.Completion) -> m.Completion:
+    """A proto Completion as a dataclass: int32 [L] token ids, float32 [L] log-probs."""
+    return m.Completion(
+        token_ids=np.array(c.token_ids, dtype=np.int32),
+        logprobs=np.array(c.logprobs, dtype=np.float32),
+        finish_reason=_FINISH_FROM_PB.get(c.finish_reason, "unspecified"),
+        version_start=c.version_start,
+        version_end=c.version_end,
+        version_spans=tuple((s.version, s.start_token, s.end_token) for s in c.version_spans),
+        first_token_s=c.first_token_s,
+        generation_s=c.generation_s,
+    )
+
+
+def group_to_pb(g: m.RolloutGroup) -> rpb.RolloutGroup:
+    """A group as the engine sends it (sample id and completions only)."""
+    return rpb.RolloutGroup(
+        sample_id=g.sample_id, completions=[completion_to_pb(c) for c in g.completions]
+    )
+
+
+def group_from_pb(g: rpb.RolloutGroup) -> m.RolloutGroup:
+    """A group as the trainer receives it, with the gateway's stamps."""
+    return m.RolloutGroup(
+        sample_id=g.sample_id,
+        completions=tuple(completion_from_pb(c) for c in g.completions),
+        engine_id=g.engine_id,
+        prompt=prompt_from_pb(g.prompt) if g.HasField("prompt") else None,
+        queue_s=g.queue_s,
+        lease_s=g.lease_s,
+    )
+
+
+def settings_to_pb(s: m.RunSettings) -> gpb.RunSettings:
+    """RunSettings as a proto."""
+    return gpb.RunSettings(
+        model_family=s.model_family,
+        mapping=s.mapping,
+        dtype=s.dtype,
+        transport=s.transport,
+        rendezvous_address=s.rendezvous_address,
+        backends=list(s.backends),
+    )
+
+
+def settings_from_pb(s: gpb.RunSettings) -> m.RunSettings:
+    """A proto RunSettings as a dataclass."""
+    return m.RunSettings(
+        model_family=s.model_family,
+        mapping=s.mapping,
+        dtype=s.dtype,
+        transport=s.transport,
+        rendezvous_address=s.rendezvous_address,
+        backends=tuple(s.backends),
+    )
+
+
+def spec_to_pb(e: m.EngineSpec) -> gpb.RegisterRequest:
+    """An EngineSpec as a RegisterRequest."""
+    return gpb.RegisterRequest(
+        name=e.name,
+        backend=e.backend,
+        device_count=e.device_count,
+        tp_size=e.tp_size,
+        model_family=e.model_family,
+        dtype=e.dtype,
+        transports=list(e.transports),
+        weight_version=e.weight_version,
+        host=e.host,
+    )
+
+
+def sync_from_pb(d: gpb.SyncDirective) -> m.SyncDirective | None:
+    """A directive, or None when no sync is pending."""
+    return m.SyncDirective(d.target_version, dict(d.params)) if d.pending else None
+
+
+def phase_from_pb(phase: int) -> str:
+    """A SyncPhase enum value as "ready", "loaded", "failed" (or "unspecified")."""
+    return _PHASE_FROM_PB.get(phase, "unspecified")

@@ -1,0 +1,87 @@
+"""A background thread that keeps an engine's heartbeat going and keeps the latest answer.
+
+Each heartbeat is a long poll, so a newly published version reaches the engine at once (via
+`on_sync`, or `latest.sync`), not at the next tick. `error` holds the last failure; a
+NOT_FOUND means the gateway dropped the engine (register again).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from gateway import messages as m
+from gateway.client import GatewayClient
+from gateway.errors import NOT_FOUND, GatewayError
+
+
+class HeartbeatThread:
+    """Keeps `client.heartbeat(...)` going as a long poll of `interval_s` seconds.
+
+    Args:
+        client: an engine-role client.
+        engine_id: the registered engine.
+        interval_s: seconds between heartbeats (> 0), e.g. `Registration.heartbeat_interval_s`.
+        active_prompts: returns how many prompts the engine works on (status only).
+        on_sync: called from the thread, once per new target version, as soon as the trainer
+            publishes it (the engine's cue to reach a safe point and load it).
+
+    A failed heartbeat is kept in `error` and retried at the next tick; a NOT_FOUND (the
+    gateway dropped the engine) or a shutting-down answer stops the thread.
+    """
+
+    def __init__(
+        self,
+        client: GatewayClient,
+        engine_id: str,
+        interval_s: float,
+        active_prompts: Callable[[], int] = lambda: 0,
+        on_sync: Callable[[m.SyncDirective], None] | None = None,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval_s: expected > 0 seconds, got {interval_s}")
+        self._client = client
+        self._engine_id = engine_id
+        self._interval_s = interval_s
+        self._active_prompts = active_prompts
+        self._on_sync = on_sync
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
+        self.latest: m.Heartbeat | None = None
+        self.error: GatewayError | None = None
+
+    def start(self) -> HeartbeatThread:
+        """Start beating; returns self."""
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop and wait up to `timeout_s` seconds for the thread."""
+        self._stop.set()
+        self._thread.join(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the thread still runs."""
+        return self._thread.is_alive()
+
+    def _loop(self) -> None:
+        known = 0
+        while not self._stop.is_set():
+            try:  # a long poll: returns early when a new sync directive appears
+                beat = self._client.heartbeat(
+                    self._engine_id, self._active_prompts(), self._interval_s, known
+                )
+                self.latest, self.error = beat, None
+                if beat.shutting_down:
+                    return
+                if beat.sync is not None and beat.sync.target_version > known:
+                    known = beat.sync.target_version
+                    if self._on_sync is not None:
+                        self._on_sync(beat.sync)
+                    continue
+            except GatewayError as e:
+                self.error = e
+                if e.code == NOT_FOUND:
+                    return
+                self._stop.wait(self._interval_s)  # back off after a failure only

@@ -1,0 +1,378 @@
+"""The gateway's whole state behind one lock: engines, versions, the work queue, metrics.
+
+`GatewayState` is transport-free (the gRPC servicer in `gateway.servicer` wraps it) and
+takes an injectable clock, so tests can expire leases and heartbeats without sleeping.
+Blocking calls wait on a condition variable in real time, capped by `max_wait_s`; engine
+liveness and lease deadlines use the injected clock. `reap()` expires dead engines and
+overdue leases; every call runs it, and the server also runs it on a timer.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable
+
+from gateway.config import GatewayConfig
+from gateway.errors import (
+    FAILED_PRECONDITION,
+    NOT_FOUND,
+    RESOURCE_EXHAUSTED,
+    UNAVAILABLE,
+    GatewayError,
+    invalid,
+)
+from gateway.negotiate import check_register, negotiate
+from gateway.validate import check_id, check_prompt, check_timeout
+from gateway.versions import Engine, VersionsMixin
+from gateway.work_queue import Lease, ReturnOutcome, WorkQueue
+from protos import gateway_pb2 as gpb
+
+_RATE_WINDOW_S = 60.0
+
+
+class GatewayState(VersionsMixin):
+    """Thread-safe gateway logic; each public method is one RPC (see protos/gateway.proto)."""
+
+    def __init__(self, config: GatewayConfig, clock: Callable[[], float] = time.monotonic):
+        self.config = config
+        self._clock = clock
+        self._cv = threading.Condition()
+        self._queue = WorkQueue(config.max_pending_prompts, config.rollout_capacity)
+        self._engines: dict[str, Engine] = {}
+        self._lost: set[str] = set()
+        self._next_engine = 0
+        self._version = 0
+        self._sync_params: dict[str, str] = {}
+        self._settings = gpb.RunSettings(
+            model_family=config.model_family,
+            mapping=config.mapping,
+            dtype=config.dtype,
+            transport=config.transport,
+            rendezvous_address=config.rendezvous_address,
+            backends=list(config.backends),
+        )
+        self._metrics: dict[str, tuple[int, float, dict[str, float]]] = {}
+        self._rates: collections.deque[tuple[float, int, int]] = collections.deque()
+        self._started = clock()
+        self.shutting_down = False
+
+    # ----- helpers (lock held) -----
+    def _wait(self, ready: Callable[[], bool], timeout_s: float) -> bool:
+        """Wait until `ready()` or shutdown or the (capped) timeout; returns `ready()`."""
+        end = time.monotonic() + min(timeout_s, self.config.max_wait_s)
+        while not ready() and not self.shutting_down:
+            left = end - time.monotonic()
+            if left <= 0:
+                break
+            self._cv.wait(left)
+            self._reap_locked()
+        return ready()
+
+    def _engine(self, engine_id: str) -> Engine:
+        engine = self._engines.get(engine_id)
+        if engine is None:
+            why = (
+                "it missed heartbeats or left; register again"
+                if engine_id in self._lost
+                else "never registered"
+            )
+            raise GatewayError(
+                NOT_FOUND,
+                f"engine id {engine_id!r}: expected a registered "
+                f"engine, got an unknown one ({why})",
+            )
+        engine.last_seen = self._clock()
+        return engine
+
+    def _reap_locked(self) -> bool:
+        now = self._clock()
+        changed = False
+        for engine in list(self._engines.values()):
+            if engine.in_calls == 0 and now - engine.last_seen > self.config.heartbeat_timeout_s:
+                self._drop_engine(
+                    engine,
+                    f"engine {engine.engine_id!r} missed heartbeats "
+                    f"for {self.config.heartbeat_timeout_s} s; its lease expired",
+                )
+                self._queue.counters["engines_lost"] += 1
+                changed = True
+        for lease in list(self._queue.leases.values()):
+            if now > lease.deadline:
+                self._queue.expire(
+                    lease,
+                    f"lease {lease.lease_id!r} passed its deadline of "
+                    f"{self.config.lease_seconds} s and expired",
+                )
+                changed = True
+        if changed:
+            self._cv.notify_all()
+        return changed
+
+    def _drop_engine(self, engine: Engine, reason: str) -> int:
+        n = 0
+        for lease in [x for x in self._queue.leases.values() if x.engine_id == engine.engine_id]:
+            n += self._queue.expire(lease, reason)
+        del self._engines[engine.engine_id]
+        self._lost.add(engine.engine_id)
+        return n
+
+    def _open(self) -> None:
+        if self.shutting_down:
+            raise GatewayError(UNAVAILABLE, "the gateway is shutting down")
+
+    # ----- public -----
+    def count_rejected(self) -> None:
+        """Count one refused request (shown in the status counters)."""
+        with self._cv:
+            self._queue.counters["requests_rejected"] += 1
+
+    def reap(self) -> bool:
+        """Expire silent engines and overdue leases now; True if anything expired."""
+        with self._cv:
+            return self._reap_locked()
+
+    def configure(self, settings: gpb.RunSettings) -> gpb.ConfigureReply:
+        """Set the run settings; changing family, mapping, dtype or transport needs no engines."""
+        with self._cv:
+            self._open()
+            self._reap_locked()
+            for field in ("model_family", "mapping", "dtype", "transport"):
+                old, new = getattr(self._settings, field), getattr(settings, field)
+                if self._engines and old and old != new:
+                    raise GatewayError(
+                        FAILED_PRECONDITION,
+                        f"{field}: expected {old!r} while engines {sorted(self._engines)} are "
+                        f"registered with it, got {new!r}",
+                    )
+            self._settings.CopyFrom(settings)
+            return gpb.ConfigureReply(settings=self._settings, current_version=self._version)
+
+    def register(self, req: gpb.RegisterRequest) -> gpb.RegisterReply:
+        """Register an engine, or refuse it with a reason (see `gateway.negotiate`)."""
+        with self._cv:
+            self._open()
+            self._reap_locked()
+            check_register(req, self._version)
+            decision = negotiate(self._settings, req)
+            cfg = self.config
+            reply = gpb.RegisterReply(
+                current_version=self._version,
+                heartbeat_interval_s=cfg.heartbeat_every_s,
+                heartbeat_timeout_s=cfg.heartbeat_timeout_s,
+                lease_seconds=cfg.lease_seconds,
+            )
+            if decision.refusal:
+                reply.refusal_reason, reply.retry = decision.refusal, decision.retry
+                return reply
+            self._next_engine += 1
+            engine_id = f"{req.name or req.backend}-{self._next_engine}"
+            engine = Engine(engine_id, req, req.weight_version, self._clock())
+            self._engines[engine_id] = engine
+            reply.accepted, reply.engine_id = True, engine_id
+            reply.settings.CopyFrom(decision.settings)
+            reply.sync.CopyFrom(self._directive(engine))
+            return reply
+
+    def heartbeat(self, req: gpb.HeartbeatRequest) -> gpb.HeartbeatReply:
+        """Mark the engine alive; answer with its sync directive, waiting up to wait_s
+        (capped at the heartbeat interval) for one that targets a version > known_target."""
+        check_timeout("wait_s", req.wait_s)
+        with self._cv:
+            self._reap_locked()
+            engine = self._engine(req.engine_id)
+            engine.active_prompts = max(0, req.active_prompts)
+            engine.in_calls += 1
+            try:
+                self._wait(
+                    lambda: self._directive(engine).target_version > req.known_target,
+                    min(req.wait_s, self.config.heartbeat_every_s),
+                )
+            finally:
+                engine.in_calls -= 1
+                engine.last_seen = self._clock()
+            return gpb.HeartbeatReply(
+                sync=self._directive(engine),
+                current_version=self._version,
+                shutting_down=self.shutting_down,
+            )
+
+    def lease(self, req: gpb.LeaseRequest) -> gpb.LeaseReply:
+        """Lease up to max_prompts prompts, waiting up to timeout_s for at least one."""
+        if req.max_prompts < 1:
+            raise invalid(f"max_prompts: expected >= 1, got {req.max_prompts}")
+        check_timeout("timeout_s", req.timeout_s)
+        with self._cv:
+            self._reap_locked()
+            engine = self._engine(req.engine_id)
+            if engine.failed:
+                raise GatewayError(
+                    FAILED_PRECONDITION,
+                    f"engine {engine.engine_id!r} failed to load version {engine.sync_version} "
+                    f"({engine.sync_error}); expected a LOADED acknowledgement before leasing",
+                )
+            engine.in_calls += 1
+            try:
+                self._wait(
+                    lambda: all(self._queue.could_lease(engine.weight_version)), req.timeout_s
+                )
+            finally:
+                engine.in_calls -= 1
+                engine.last_seen = self._clock()
+            reply = gpb.LeaseReply(sync=self._directive(engine), shutting_down=self.shutting_down)
+            if engine.engine_id not in self._engines or self.shutting_down:
+                return reply
+            lease = self._queue.lease(
+                engine.engine_id,
+                req.max_prompts,
+                engine.weight_version,
+                self._clock(),
+                self.config.lease_seconds,
+            )
+            if lease is None:
+                eligible, room = self._queue.could_lease(engine.weight_version)
+                reply.backpressure = eligible and not room
+                return reply
+            reply.lease_id = lease.lease_id
+            reply.prompts.extend(self._queue.prompts_of(lease))
+            reply.expires_in_s = lease.deadline - self._clock()
+            return reply
+
+    def return_rollouts(self, req: gpb.ReturnRequest) -> gpb.ReturnReply:
+        """Accept a lease's finished groups and released prompts (late ones are dropped)."""
+        check_id("lease_id", req.lease_id)
+        with self._cv:
+            self._reap_locked()
+            engine = self._engine(req.engine_id)
+            out: ReturnOutcome = self._queue.complete(
+                engine.engine_id,
+                req.lease_id,
+                list(req.groups),
+                list(req.released_sample_ids),
+                self._clock(),
+                self._version,
+            )
+            engine.groups += out.accepted
+            engine.completions += out.completions
+            engine.tokens += out.tokens
+            self._rates.append((time.monotonic(), out.completions, out.tokens))
+            self._cv.notify_all()
+            return gpb.ReturnReply(
+                accepted=out.accepted,
+                dropped=out.dropped,
+                dropped_reason=out.dropped_reason,
+                released=out.released,
+            )
+
+    def deregister(self, req: gpb.DeregisterRequest) -> gpb.DeregisterReply:
+        """Remove an engine; its leased prompts go back to the front of the queue."""
+        with self._cv:
+            engine = self._engine(req.engine_id)
+            n = self._drop_engine(engine, f"engine {engine.engine_id!r} deregistered")
+            self._cv.notify_all()
+            return gpb.DeregisterReply(returned_prompts=n)
+
+    def submit(self, req: gpb.SubmitRequest) -> gpb.SubmitReply:
+        """Queue prompts (all or none), waiting up to timeout_s for room."""
+        check_timeout("timeout_s", req.timeout_s)
+        cfg = self.config
+        for p in req.prompts:
+            check_prompt(p, cfg.max_group_size, cfg.max_prompt_tokens)
+        n = len(req.prompts)
+        if n > self._queue.max_pending:
+            raise invalid(
+                f"prompts: expected at most {self._queue.max_pending} per call (the "
+                f"pending capacity), got {n}"
+            )
+        with self._cv:
+            self._open()
+            self._reap_locked()
+            self._queue.check_new(list(req.prompts))
+
+            def room() -> bool:
+                return self._queue.pending(True) + self._queue.pending(False) + n <= (
+                    self._queue.max_pending
+                )
+
+            if not self._wait(room, req.timeout_s):
+                self._open()
+                raise GatewayError(
+                    RESOURCE_EXHAUSTED,
+                    f"pending queue full: expected room for {n} prompts within "
+                    f"{req.timeout_s} s, got {self._queue.max_pending - self._pending()} free",
+                )
+            self._queue.check_new(list(req.prompts))
+            self._queue.submit(list(req.prompts), self._clock())
+            self._cv.notify_all()
+            return gpb.SubmitReply(
+                accepted=n,
+                pending_train=self._queue.pending(False),
+                pending_eval=self._queue.pending(True),
+            )
+
+    def _pending(self) -> int:
+        return self._queue.pending(True) + self._queue.pending(False)
+
+    def fetch(self, req: gpb.FetchRequest) -> gpb.FetchReply:
+        """Take up to max_groups finished groups, waiting up to timeout_s for min_groups."""
+        check_timeout("timeout_s", req.timeout_s)
+        if req.max_groups < 1:
+            raise invalid(f"max_groups: expected >= 1, got {req.max_groups}")
+        if not 0 <= req.min_groups <= req.max_groups:
+            raise invalid(
+                f"min_groups: expected 0..max_groups={req.max_groups}, got {req.min_groups}"
+            )
+        with self._cv:
+            self._reap_locked()
+            need = max(1, req.min_groups)
+            self._wait(lambda: self._queue.ready >= need, req.timeout_s)
+            groups = self._queue.fetch(req.max_groups)
+            self._cv.notify_all()
+            return gpb.FetchReply(groups=groups)
+
+    def report_metrics(self, req: gpb.MetricsRequest) -> gpb.MetricsReply:
+        """Keep the latest metrics of each source."""
+        check_id("source", req.source)
+        with self._cv:
+            self._metrics[req.source] = (req.step, self._clock(), dict(req.values))
+            if req.source in self._engines:
+                self._engines[req.source].last_seen = self._clock()
+            return gpb.MetricsReply()
+
+    def shutdown(self) -> None:
+        """Refuse new work and wake every waiting call."""
+        with self._cv:
+            self.shutting_down = True
+            self._cv.notify_all()
+
+    def status(self) -> gpb.StatusReply:
+        """A snapshot of engines, versions, queue depths, counters and rates."""
+        from gateway.status import build_status
+
+        with self._cv:
+            self._reap_locked()
+            t = time.monotonic()
+            while self._rates and t - self._rates[0][0] > _RATE_WINDOW_S:
+                self._rates.popleft()
+            return build_status(self, self._clock(), t)
+
+    # ----- read-only views for gateway.status (lock held by the caller) -----
+    @property
+    def version(self) -> int:
+        """The current published weight version."""
+        return self._version
+
+    @property
+    def queue(self) -> WorkQueue:
+        """The work queue."""
+        return self._queue
+
+    def views(self):
+        """(settings, engines, metrics, rates, started) for the status builder."""
+        return self._settings, self._engines, self._metrics, self._rates, self._started
+
+    def leases(self) -> list[Lease]:
+        """The open leases (for tests and status)."""
+        with self._cv:
+            return list(self._queue.leases.values())

@@ -1,0 +1,108 @@
+"""Field checks on incoming messages; each failure names what was expected and what came.
+
+Every function raises `GatewayError` with code INVALID_ARGUMENT and returns nothing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from gateway.errors import invalid
+from protos import rollout_pb2 as rpb
+
+_LOGPROB_SLACK = 1e-4  # a log-probability may exceed 0 by float rounding only
+
+
+def check_timeout(name: str, value: float) -> None:
+    """A timeout must be finite and >= 0 seconds."""
+    if not (math.isfinite(value) and value >= 0):
+        raise invalid(f"{name}: expected a finite number of seconds >= 0, got {value}")
+
+
+def check_id(name: str, value: str) -> None:
+    """An id must be a non-empty string."""
+    if not value:
+        raise invalid(f"{name}: expected a non-empty id, got ''")
+
+
+def check_prompt(prompt: rpb.Prompt, max_group_size: int, max_prompt_tokens: int) -> None:
+    """Check one submitted prompt: id, tokens [P] (1 <= P <= max), G, sampling parameters."""
+    where = f"prompt {prompt.sample_id!r}"
+    check_id("sample_id", prompt.sample_id)
+    n = len(prompt.token_ids)
+    if not 1 <= n <= max_prompt_tokens:
+        raise invalid(f"{where}: expected 1..{max_prompt_tokens} prompt tokens, got {n}")
+    if min(prompt.token_ids) < 0:
+        raise invalid(f"{where}: expected token ids >= 0, got {min(prompt.token_ids)}")
+    if not 1 <= prompt.group_size <= max_group_size:
+        raise invalid(f"{where}: expected group size 1..{max_group_size}, got {prompt.group_size}")
+    if prompt.min_version < 0:
+        raise invalid(f"{where}: expected min_version >= 0, got {prompt.min_version}")
+    s = prompt.sampling
+    if not (math.isfinite(s.temperature) and s.temperature >= 0):
+        raise invalid(f"{where}: expected temperature >= 0, got {s.temperature}")
+    if not 0 < s.top_p <= 1:
+        raise invalid(f"{where}: expected 0 < top_p <= 1, got {s.top_p}")
+    if s.top_k < 0:
+        raise invalid(f"{where}: expected top_k >= 0 (0: no cut), got {s.top_k}")
+    if s.max_new_tokens < 1:
+        raise invalid(f"{where}: expected max_new_tokens >= 1, got {s.max_new_tokens}")
+    if s.stop_token_ids and min(s.stop_token_ids) < 0:
+        raise invalid(f"{where}: expected stop token ids >= 0, got {min(s.stop_token_ids)}")
+    if s.reasoning_budget < 0:
+        raise invalid(f"{where}: expected reasoning_budget >= 0, got {s.reasoning_budget}")
+
+
+def check_completion(
+    where: str, completion: rpb.Completion, max_new_tokens: int, current_version: int
+) -> None:
+    """Check one returned completion: tokens [L], log-probs [L], finish reason, versions."""
+    n = len(completion.token_ids)
+    if len(completion.logprobs) != n:
+        raise invalid(
+            f"{where}: expected one log-prob per token ({n}), got {len(completion.logprobs)}"
+        )
+    if n > max_new_tokens:
+        raise invalid(f"{where}: expected at most max_new_tokens={max_new_tokens}, got {n}")
+    if n:  # numpy reads the repeated fields through the buffer protocol: ~100x faster
+        ids, lps = np.asarray(completion.token_ids), np.asarray(completion.logprobs)
+        if ids.min() < 0:
+            raise invalid(f"{where}: expected token ids >= 0, got {ids.min()}")
+        if not np.isfinite(lps).all():
+            bad = lps[~np.isfinite(lps)][0]
+            raise invalid(f"{where}: expected finite log-probs, got {bad}")
+        if lps.max() > _LOGPROB_SLACK:
+            raise invalid(f"{where}: expected log-probs <= 0, got {lps.max()}")
+    if completion.finish_reason == rpb.FINISH_REASON_UNSPECIFIED:
+        raise invalid(f"{where}: expected a finish reason (STOP, LENGTH or ABORT), got none")
+    if completion.finish_reason not in rpb.FinishReason.values():
+        raise invalid(f"{where}: expected a known finish reason, got {completion.finish_reason}")
+    v0, v1 = completion.version_start, completion.version_end
+    if not 0 <= v0 <= v1 <= current_version:
+        raise invalid(
+            f"{where}: expected 0 <= version_start <= version_end <= {current_version} "
+            f"(the current version), got {v0} and {v1}"
+        )
+    for span in completion.version_spans:
+        if not (v0 <= span.version <= v1 and 0 <= span.start_token <= span.end_token <= n):
+            raise invalid(
+                f"{where}: expected version spans within versions [{v0}, {v1}] and tokens "
+                f"[0, {n}], got version {span.version} tokens "
+                f"[{span.start_token}, {span.end_token})"
+            )
+
+
+def check_group(group: rpb.RolloutGroup, prompt: rpb.Prompt, current_version: int) -> None:
+    """Check a returned group against its prompt: exactly G valid completions."""
+    where = f"group {group.sample_id!r}"
+    g = prompt.group_size
+    if len(group.completions) != g:
+        raise invalid(
+            f"{where}: expected {g} completions (the group size), got {len(group.completions)}"
+        )
+    for i, completion in enumerate(group.completions):
+        check_completion(
+            f"{where} completion {i}", completion, prompt.sampling.max_new_tokens, current_version
+        )

@@ -1,0 +1,140 @@
+"""Weight versions on the gateway: the engine record, publication, acknowledgements, and the
+trainer's wait for a sync. Mixed into `gateway.state.GatewayState`, whose lock (`_cv`),
+engines, version and sync parameters these methods use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+
+from gateway.errors import invalid
+from gateway.validate import check_timeout
+from protos import gateway_pb2 as gpb
+
+
+@dataclasses.dataclass
+class Engine:
+    """One registered engine as the gateway sees it (clock seconds, versions, counts)."""
+
+    engine_id: str
+    request: gpb.RegisterRequest
+    weight_version: int
+    last_seen: float
+    sync_version: int = 0
+    sync_phase: gpb.SyncPhase = gpb.SYNC_PHASE_LOADED
+    sync_error: str = ""
+    in_calls: int = 0
+    active_prompts: int = 0
+    groups: int = 0
+    completions: int = 0
+    tokens: int = 0
+
+    @property
+    def failed(self) -> bool:
+        """The engine's last sync failed and it holds no whole version since."""
+        return self.sync_phase == gpb.SYNC_PHASE_FAILED
+
+
+class VersionsMixin:
+    """PublishVersion, AckVersion and WaitSync, plus the per-engine sync directive."""
+
+    _cv: threading.Condition
+    _engines: dict[str, Engine]
+    _version: int
+    _sync_params: dict[str, str]
+    _engine: Callable[[str], Engine]
+    _reap_locked: Callable[[], bool]
+    _open: Callable[[], None]
+    _wait: Callable[[Callable[[], bool], float], bool]
+
+    def _directive(self, engine: Engine) -> gpb.SyncDirective:
+        if engine.weight_version >= self._version:
+            return gpb.SyncDirective()
+        return gpb.SyncDirective(
+            pending=True, target_version=self._version, params=self._sync_params
+        )
+
+    def publish(self, req: gpb.PublishRequest) -> gpb.PublishReply:
+        """Make `version` current; every live engine gets a sync directive for it."""
+        with self._cv:
+            self._open()
+            self._reap_locked()
+            if req.version <= self._version:
+                raise invalid(
+                    f"version: expected > {self._version} (versions only increase), "
+                    f"got {req.version}"
+                )
+            self._version = req.version
+            self._sync_params = dict(req.params)
+            self._cv.notify_all()
+            return gpb.PublishReply(engine_ids=sorted(self._engines))
+
+    def ack(self, req: gpb.AckRequest) -> gpb.AckReply:
+        """Record an engine's sync progress (READY, LOADED or FAILED) for a published version."""
+        with self._cv:
+            self._reap_locked()
+            engine = self._engine(req.engine_id)
+            if not 0 <= req.version <= self._version:
+                raise invalid(
+                    f"version: expected a published version 0..{self._version}, "
+                    f"got {req.version} (never published)"
+                )
+            if req.phase not in (
+                gpb.SYNC_PHASE_READY,
+                gpb.SYNC_PHASE_LOADED,
+                gpb.SYNC_PHASE_FAILED,
+            ):
+                raise invalid(f"phase: expected READY, LOADED or FAILED, got {req.phase}")
+            if req.phase == gpb.SYNC_PHASE_LOADED:
+                if req.version < engine.weight_version:
+                    raise invalid(
+                        f"version: expected >= {engine.weight_version} (the engine's "
+                        f"loaded version), got {req.version}"
+                    )
+                engine.weight_version = req.version
+            engine.sync_version, engine.sync_phase = req.version, req.phase
+            engine.sync_error = req.error if req.phase == gpb.SYNC_PHASE_FAILED else ""
+            self._cv.notify_all()
+            return gpb.AckReply(sync=self._directive(engine))
+
+    def wait_sync(self, req: gpb.WaitSyncRequest) -> gpb.WaitSyncReply:
+        """Wait until every live engine reached `phase` for `version`, or one failed it."""
+        check_timeout("timeout_s", req.timeout_s)
+        if req.phase not in (gpb.SYNC_PHASE_READY, gpb.SYNC_PHASE_LOADED):
+            raise invalid(f"phase: expected READY or LOADED, got {req.phase}")
+        with self._cv:
+            self._reap_locked()
+            if not 0 <= req.version <= self._version:
+                raise invalid(
+                    f"version: expected a published version 0..{self._version}, got {req.version}"
+                )
+
+            def reached(e: Engine) -> bool:
+                if e.weight_version >= req.version:
+                    return True
+                return (
+                    req.phase == gpb.SYNC_PHASE_READY
+                    and e.sync_version >= req.version
+                    and e.sync_phase == gpb.SYNC_PHASE_READY
+                )
+
+            def settled() -> bool:
+                engines = self._engines.values()
+                return all(reached(e) for e in engines) or any(
+                    e.failed and e.sync_version >= req.version for e in engines
+                )
+
+            self._wait(settled, req.timeout_s)
+            states = [
+                gpb.EngineSyncState(
+                    engine_id=e.engine_id,
+                    version=e.sync_version,
+                    phase=e.sync_phase,
+                    error=e.sync_error,
+                )
+                for e in self._engines.values()
+            ]
+            done = all(reached(e) for e in self._engines.values())
+            return gpb.WaitSyncReply(done=done, engines=states)

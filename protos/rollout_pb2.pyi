@@ -1,0 +1,99 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
+    FINISH_REASON_STOP: _ClassVar[FinishReason]
+    FINISH_REASON_LENGTH: _ClassVar[FinishReason]
+    FINISH_REASON_ABORT: _ClassVar[FinishReason]
+FINISH_REASON_UNSPECIFIED: FinishReason
+FINISH_REASON_STOP: FinishReason
+FINISH_REASON_LENGTH: FinishReason
+FINISH_REASON_ABORT: FinishReason
+
+class SamplingParams(_message.Message):
+    __slots__ = ("temperature", "top_p", "top_k", "max_new_tokens", "stop_token_ids", "seed", "reasoning_budget")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    REASONING_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_p: float
+    top_k: int
+    max_new_tokens: int
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    seed: int
+    reasoning_budget: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., reasoning_budget: _Optional[int] = ...) -> None: ...
+
+class Prompt(_message.Message):
+    __slots__ = ("sample_id", "token_ids", "group_size", "sampling", "is_eval", "min_version")
+    SAMPLE_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    IS_EVAL_FIELD_NUMBER: _ClassVar[int]
+    MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    sample_id: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    group_size: int
+    sampling: SamplingParams
+    is_eval: bool
+    min_version: int
+    def __init__(self, sample_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., group_size: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., is_eval: _Optional[bool] = ..., min_version: _Optional[int] = ...) -> None: ...
+
+class VersionSpan(_message.Message):
+    __slots__ = ("version", "start_token", "end_token")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    START_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    END_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    start_token: int
+    end_token: int
+    def __init__(self, version: _Optional[int] = ..., start_token: _Optional[int] = ..., end_token: _Optional[int] = ...) -> None: ...
+
+class Completion(_message.Message):
+    __slots__ = ("token_ids", "logprobs", "finish_reason", "version_start", "version_end", "version_spans", "first_token_s", "generation_s")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    VERSION_START_FIELD_NUMBER: _ClassVar[int]
+    VERSION_END_FIELD_NUMBER: _ClassVar[int]
+    VERSION_SPANS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_S_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_S_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    finish_reason: FinishReason
+    version_start: int
+    version_end: int
+    version_spans: _containers.RepeatedCompositeFieldContainer[VersionSpan]
+    first_token_s: float
+    generation_s: float
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., version_start: _Optional[int] = ..., version_end: _Optional[int] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., first_token_s: _Optional[float] = ..., generation_s: _Optional[float] = ...) -> None: ...
+
+class RolloutGroup(_message.Message):
+    __slots__ = ("sample_id", "completions", "engine_id", "prompt", "queue_s", "lease_s")
+    SAMPLE_ID_FIELD_NUMBER: _ClassVar[int]
+    COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_S_FIELD_NUMBER: _ClassVar[int]
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    sample_id: str
+    completions: _containers.RepeatedCompositeFieldContainer[Completion]
+    engine_id: str
+    prompt: Prompt
+    queue_s: float
+    lease_s: float
+    def __init__(self, sample_id: _Optional[str] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., engine_id: _Optional[str] = ..., prompt: _Optional[_Union[Prompt, _Mapping]] = ..., queue_s: _Optional[float] = ..., lease_s: _Optional[float] = ...) -> None: ...

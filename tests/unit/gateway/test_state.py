@@ -1,0 +1,208 @@
+"""GatewayState on a fake clock: lease order, expiry, late returns, back-pressure, versions."""
+
+import pytest
+
+from gateway.config import GatewayConfig
+from gateway.errors import GatewayError
+from gateway.state import GatewayState
+from protos import gateway_pb2 as gpb
+
+
+def _state(gw, **kw):
+    clock = gw.FakeClock()
+    cfg = dict(model_family="llama", lease_seconds=30.0, heartbeat_timeout_s=10.0)
+    cfg.update(kw)
+    return GatewayState(GatewayConfig(**cfg), clock=clock), clock
+
+
+def _lease(state, engine_id, n, timeout_s=0.0):
+    return state.lease(gpb.LeaseRequest(engine_id=engine_id, max_prompts=n, timeout_s=timeout_s))
+
+
+def _submit(state, prompts):
+    return state.submit(gpb.SubmitRequest(prompts=prompts))
+
+
+def _ret(state, engine_id, lease_id, groups=(), released=()):
+    return state.return_rollouts(
+        gpb.ReturnRequest(
+            engine_id=engine_id, lease_id=lease_id, groups=groups, released_sample_ids=released
+        )
+    )
+
+
+def _fetch(state, n=100):
+    return state.fetch(gpb.FetchRequest(max_groups=n, min_groups=0, timeout_s=0.0)).groups
+
+
+def test_eval_prompts_lease_first_then_fifo(gw):
+    state, _ = _state(gw)
+    eid = state.register(gw.register()).engine_id
+    _submit(state, [gw.prompt("t0"), gw.prompt("t1"), gw.prompt("e0", is_eval=True)])
+    reply = _lease(state, eid, 2)
+    assert [p.sample_id for p in reply.prompts] == ["e0", "t0"]
+    assert reply.expires_in_s == 30.0
+    assert [p.sample_id for p in _lease(state, eid, 5).prompts] == ["t1"]
+    assert _lease(state, eid, 5).lease_id == ""
+
+
+def test_expired_lease_returns_prompts_to_front_and_drops_late_groups(gw):
+    state, clock = _state(gw)
+    a = state.register(gw.register(name="a")).engine_id
+    b = state.register(gw.register(name="b")).engine_id
+    _submit(state, [gw.prompt(f"p{i}") for i in range(4)])
+    first = _lease(state, a, 2)
+    assert [p.sample_id for p in first.prompts] == ["p0", "p1"]
+    for _ in range(4):  # 32 s: past the 30 s deadline; both engines keep heartbeating
+        clock.t += 8.0
+        for eid in (a, b):
+            state.heartbeat(gpb.HeartbeatRequest(engine_id=eid))
+    second = _lease(state, b, 3)
+    assert [p.sample_id for p in second.prompts] == ["p0", "p1", "p2"]
+    late = _ret(state, a, first.lease_id, [gw.group("p0")])
+    assert (late.accepted, late.dropped) == (0, 1)
+    assert "deadline" in late.dropped_reason
+    ok = _ret(state, b, second.lease_id, [gw.group("p0"), gw.group("p1")], released=["p2"])
+    assert (ok.accepted, ok.dropped, ok.released) == (2, 0, 1)
+    assert [g.sample_id for g in _fetch(state)] == ["p0", "p1"]
+    status = state.status()
+    assert status.counters.groups_dropped_late == 1
+    assert status.counters.leases_expired == 1
+    assert (status.queues.pending_train, status.queues.leased_prompts) == (2, 0)
+
+
+def test_silent_engine_is_dropped_and_its_prompts_go_back(gw):
+    state, clock = _state(gw)
+    a = state.register(gw.register(name="a")).engine_id
+    b = state.register(gw.register(name="b")).engine_id
+    _submit(state, [gw.prompt("p0"), gw.prompt("p1")])
+    lease_a = _lease(state, a, 1)
+    clock.t += 6.0
+    state.heartbeat(gpb.HeartbeatRequest(engine_id=b))
+    clock.t += 6.0  # a silent for 12 s > 10 s; b for 6 s
+    assert state.reap()
+    assert [p.sample_id for p in _lease(state, b, 5).prompts] == ["p0", "p1"]
+    with pytest.raises(GatewayError) as err:
+        _ret(state, a, lease_a.lease_id, [gw.group("p0")])
+    assert err.value.code == "NOT_FOUND"
+    assert "missed heartbeats" in err.value.message
+    assert state.status().counters.engines_lost == 1
+
+
+def test_rollout_capacity_holds_engines_back_until_the_trainer_fetches(gw):
+    state, _ = _state(gw, rollout_capacity=3)
+    eid = state.register(gw.register()).engine_id
+    _submit(state, [gw.prompt(f"p{i}") for i in range(5)])
+    lease = _lease(state, eid, 10)
+    assert len(lease.prompts) == 3
+    full = _lease(state, eid, 10)
+    assert (full.lease_id, full.backpressure) == ("", True)
+    _ret(state, eid, lease.lease_id, [gw.group(p.sample_id) for p in lease.prompts])
+    assert _lease(state, eid, 10).backpressure
+    assert len(_fetch(state, 2)) == 2
+    assert [p.sample_id for p in _lease(state, eid, 10).prompts] == ["p3", "p4"]
+
+
+def test_min_version_keeps_stale_engines_off_fresh_prompts(gw):
+    state, _ = _state(gw)
+    eid = state.register(gw.register()).engine_id
+    state.publish(gpb.PublishRequest(version=1))
+    _submit(state, [gw.prompt("new", min_version=1)])
+    assert _lease(state, eid, 1).lease_id == ""
+    state.ack(gpb.AckRequest(engine_id=eid, version=1, phase=gpb.SYNC_PHASE_LOADED))
+    assert [p.sample_id for p in _lease(state, eid, 1).prompts] == ["new"]
+
+
+def test_sync_directive_acks_and_wait_sync(gw):
+    state, _ = _state(gw)
+    eid = state.register(gw.register()).engine_id
+    assert not state.heartbeat(gpb.HeartbeatRequest(engine_id=eid)).sync.pending
+    assert list(state.publish(gpb.PublishRequest(version=3, params={"port": "9"})).engine_ids) == [
+        eid
+    ]
+    sync = state.heartbeat(gpb.HeartbeatRequest(engine_id=eid)).sync
+    assert (sync.pending, sync.target_version, dict(sync.params)) == (True, 3, {"port": "9"})
+    ready = gpb.WaitSyncRequest(version=3, phase=gpb.SYNC_PHASE_READY, timeout_s=0.0)
+    assert not state.wait_sync(ready).done
+    state.ack(gpb.AckRequest(engine_id=eid, version=3, phase=gpb.SYNC_PHASE_READY))
+    assert state.wait_sync(ready).done
+    state.ack(gpb.AckRequest(engine_id=eid, version=3, phase=gpb.SYNC_PHASE_LOADED))
+    loaded = state.wait_sync(gpb.WaitSyncRequest(version=3, phase=gpb.SYNC_PHASE_LOADED))
+    assert loaded.done and loaded.engines[0].version == 3
+    assert not state.heartbeat(gpb.HeartbeatRequest(engine_id=eid)).sync.pending
+    late = state.register(gw.register(name="late"))
+    assert (late.current_version, late.sync.pending, late.sync.target_version) == (3, True, 3)
+
+
+def test_failed_sync_blocks_leasing_until_a_whole_version_loads(gw):
+    state, _ = _state(gw)
+    eid = state.register(gw.register()).engine_id
+    _submit(state, [gw.prompt("p0")])
+    state.publish(gpb.PublishRequest(version=1))
+    state.ack(gpb.AckRequest(engine_id=eid, version=1, phase=gpb.SYNC_PHASE_FAILED, error="oom"))
+    wait = state.wait_sync(gpb.WaitSyncRequest(version=1, phase=gpb.SYNC_PHASE_LOADED))
+    assert not wait.done and wait.engines[0].error == "oom"
+    with pytest.raises(GatewayError) as err:
+        _lease(state, eid, 1)
+    assert err.value.code == "FAILED_PRECONDITION" and "oom" in err.value.message
+    state.ack(gpb.AckRequest(engine_id=eid, version=1, phase=gpb.SYNC_PHASE_LOADED))
+    assert [p.sample_id for p in _lease(state, eid, 1).prompts] == ["p0"]
+
+
+def test_deregister_returns_leased_prompts(gw):
+    state, _ = _state(gw)
+    eid = state.register(gw.register()).engine_id
+    _submit(state, [gw.prompt("p0"), gw.prompt("p1")])
+    _lease(state, eid, 2)
+    assert state.deregister(gpb.DeregisterRequest(engine_id=eid)).returned_prompts == 2
+    assert state.status().queues.pending_train == 2
+
+
+def test_configure_cannot_change_family_under_registered_engines(gw):
+    state, _ = _state(gw)
+    state.register(gw.register())
+    with pytest.raises(GatewayError) as err:
+        state.configure(gpb.RunSettings(model_family="qwen2"))
+    assert err.value.code == "FAILED_PRECONDITION"
+    assert "expected 'llama'" in err.value.message and "got 'qwen2'" in err.value.message
+    assert state.configure(gpb.RunSettings(model_family="llama", rendezvous_address="h:1"))
+
+
+def test_a_sample_id_in_flight_cannot_be_submitted_again_until_fetched(gw):
+    state, _ = _state(gw)
+    eid = state.register(gw.register()).engine_id
+    _submit(state, [gw.prompt("p0")])
+    with pytest.raises(GatewayError) as err:
+        _submit(state, [gw.prompt("p0")])
+    assert err.value.code == "ALREADY_EXISTS"
+    lease = _lease(state, eid, 1)
+    _ret(state, eid, lease.lease_id, [gw.group("p0")])
+    assert len(_fetch(state)) == 1
+    assert _submit(state, [gw.prompt("p0")]).accepted == 1
+
+
+def test_registration_negotiation(gw):
+    state, _ = _state(gw, dtype="bfloat16", transport="gloo", backends=("vllm", "jax"))
+    ok = state.register(gw.register())
+    assert ok.accepted and ok.settings.mapping == "llama" and ok.settings.transport == "gloo"
+    cases = {
+        "model family differs: the trainer's model is 'llama', the engine serves 'qwen2'": dict(
+            model_family="qwen2"
+        ),
+        "dtype differs: the run uses 'bfloat16', the engine serves 'float32'": dict(
+            dtype="float32"
+        ),
+        "backend not allowed": dict(backend="sglang"),
+        "transport unsupported: the run moves weights over 'gloo'": dict(transports=["nccl"]),
+    }
+    for reason, change in cases.items():
+        req = gw.register()
+        for k, v in change.items():
+            if k == "transports":
+                del req.transports[:]
+                req.transports.extend(v)
+            else:
+                setattr(req, k, v)
+        reply = state.register(req)
+        assert not reply.accepted and reply.refusal_reason.startswith(reason), reply
+        assert not reply.retry
