@@ -45,6 +45,7 @@ class CheckpointReader:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self._handles: dict[Path, Any] = {}
         index = self.path / "model.safetensors.index.json"
         if index.exists():
             weight_map = json.loads(index.read_text())["weight_map"]
@@ -72,10 +73,20 @@ class CheckpointReader:
         return out
 
     def read(self, name: str) -> np.ndarray:
-        """One tensor as numpy (bf16 as ml_dtypes.bfloat16). Raises KeyError naming it."""
+        """One tensor as numpy (bf16 as ml_dtypes.bfloat16). Raises KeyError naming it.
+
+        Reads through numpy (memory-mapped, no device round trip); bf16, which numpy's
+        reader does not take, goes through the flax reader.
+        """
         if name not in self.files:
             raise KeyError(f"tensor {name} is not in checkpoint {self.path}")
-        with safe_open(self.files[name], framework="flax") as f:
+        file = self.files[name]
+        if file not in self._handles:
+            self._handles[file] = safe_open(file, framework="np")
+        handle = self._handles[file]
+        if handle.get_slice(name).get_dtype() != "BF16":
+            return handle.get_tensor(name)
+        with safe_open(file, framework="flax") as f:
             return np.asarray(f.get_tensor(name))
 
 
@@ -117,7 +128,7 @@ def load_hf_checkpoint(
     target = jnp.dtype(cfg.param_dtype)
     loaded: dict[str, jax.Array] = {}
     for rule, array in checkpoint_to_params(family, cfg, reader.read, reader.names()):
-        host = array.astype(target)
+        host = array.astype(target, copy=False)
         if mesh is None:
             loaded[rule.jax] = jnp.asarray(host)
         else:

@@ -14,7 +14,7 @@ from flax import nnx
 
 from trainer.models.config import ModelConfig
 from trainer.models.kv_cache import KVCache
-from trainer.models.layers import MLP, Attention, RMSNorm, _normal
+from trainer.models.layers import MLP, Attention, KeyStream, RMSNorm, _normal
 
 
 class _Embed(nnx.Module):
@@ -38,13 +38,13 @@ class Block(nnx.Module):
     Params: attn_norm, mlp_norm (and post_attn_norm, post_mlp_norm) `.scale` [D]; attn; mlp.
     """
 
-    def __init__(self, cfg: ModelConfig, layer: int, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, layer: int, keys: KeyStream):
         D, eps, p1, p = cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_plus_one, cfg.param_dtype
         self.post_norms = cfg.post_norms
         self.attn_norm = RMSNorm(D, eps, p1, p)
-        self.attn = Attention(cfg, layer, rngs)
+        self.attn = Attention(cfg, layer, keys)
         self.mlp_norm = RMSNorm(D, eps, p1, p)
-        self.mlp = MLP(cfg, rngs)
+        self.mlp = MLP(cfg, keys)
         if cfg.post_norms:
             self.post_attn_norm = RMSNorm(D, eps, p1, p)
             self.post_mlp_norm = RMSNorm(D, eps, p1, p)
@@ -78,13 +78,14 @@ class Decoder(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.embed = _Embed(_normal(rngs, (cfg.vocab_size, cfg.hidden_size), cfg.param_dtype))
-        self.layers = nnx.List([Block(cfg, i, rngs) for i in range(cfg.num_layers)])
+        keys = KeyStream(rngs)
+        self.embed = _Embed(_normal(keys, (cfg.vocab_size, cfg.hidden_size), cfg.param_dtype))
+        self.layers = nnx.List([Block(cfg, i, keys) for i in range(cfg.num_layers)])
         self.final_norm = RMSNorm(
             cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_plus_one, cfg.param_dtype
         )
         if not cfg.tie_word_embeddings:
-            self.lm_head = _Head(_normal(rngs, (cfg.hidden_size, cfg.vocab_size), cfg.param_dtype))
+            self.lm_head = _Head(_normal(keys, (cfg.hidden_size, cfg.vocab_size), cfg.param_dtype))
 
     def hidden(
         self, tokens: jax.Array, positions: jax.Array, cache: KVCache | None = None
