@@ -1,0 +1,217 @@
+"""RLBatch from rollout groups, checked array by array, and its sharding on 8 devices."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from trainer.batch import bucket_length, build_rl_batch, shard_batch
+from trainer.logprobs import fused_target_logprobs
+from trainer.losses import make_loss
+from trainer.rollouts import Completion, RolloutGroup, group_from_dict
+
+
+def _groups() -> list[RolloutGroup]:
+    a = RolloutGroup(
+        "a",
+        [5, 6, 7],
+        [
+            Completion([8, 9], [-0.5, -1.0], "stop", 3, 4, reward=1.0),
+            Completion([10], [-2.0], "length", 4, 4, reward=0.0),
+        ],
+    )
+    b = RolloutGroup(
+        "b",
+        [11],
+        [
+            Completion([12, 13, 14, 2], [-0.1, -0.2, -0.3, -0.4], "stop", 2, 3, reward=0.5),
+            Completion([15, 2], [-1.0, -1.0], "stop", 3, 3, reward=0.5),
+        ],
+    )
+    return [a, b]
+
+
+def test_build_rl_batch_exact_arrays():
+    batch = build_rl_batch(_groups())
+    # sequence lengths 5, 4, 5, 3 -> the default power-of-two bucket with minimum 8
+    assert batch.length == 8 and batch.num_rows == 4
+    np.testing.assert_array_equal(
+        batch.tokens,
+        [
+            [5, 6, 7, 8, 9, 0, 0, 0],
+            [5, 6, 7, 10, 0, 0, 0, 0],
+            [11, 12, 13, 14, 2, 0, 0, 0],
+            [11, 15, 2, 0, 0, 0, 0, 0],
+        ],
+    )
+    np.testing.assert_array_equal(
+        batch.targets,
+        [
+            [6, 7, 8, 9, 0, 0, 0, 0],
+            [6, 7, 10, 0, 0, 0, 0, 0],
+            [12, 13, 14, 2, 0, 0, 0, 0],
+            [15, 2, 0, 0, 0, 0, 0, 0],
+        ],
+    )
+    # position t is counted when targets[t] is a completion token: t = P-1 .. S-2
+    np.testing.assert_array_equal(
+        batch.loss_mask,
+        [
+            [0, 0, 1, 1, 0, 0, 0, 0],
+            [0, 0, 1, 0, 0, 0, 0, 0],
+            [1, 1, 1, 1, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0, 0, 0],
+        ],
+    )
+    np.testing.assert_allclose(
+        batch.sampler_logprobs,
+        [
+            [0, 0, -0.5, -1.0, 0, 0, 0, 0],
+            [0, 0, -2.0, 0, 0, 0, 0, 0],
+            [-0.1, -0.2, -0.3, -0.4, 0, 0, 0, 0],
+            [-1.0, -1.0, 0, 0, 0, 0, 0, 0],
+        ],
+    )
+    np.testing.assert_array_equal(batch.positions, np.tile(np.arange(8), (4, 1)))
+    np.testing.assert_array_equal(batch.prompt_lens, [3, 3, 1, 1])
+    np.testing.assert_array_equal(batch.seq_lens, [5, 4, 5, 3])
+    np.testing.assert_array_equal(batch.rewards, [1.0, 0.0, 0.5, 0.5])
+    np.testing.assert_array_equal(batch.group_mean, [0.5, 0.5, 0.5, 0.5])
+    np.testing.assert_array_equal(batch.group_std, [0.5, 0.5, 0.0, 0.0])
+    a = 0.5 / (0.5 + 1e-6)
+    np.testing.assert_allclose(batch.advantages, [a, -a, 0.0, 0.0], rtol=1e-7)
+    np.testing.assert_array_equal(batch.group_index, [0, 0, 1, 1])
+    np.testing.assert_array_equal(batch.version_start, [3, 4, 2, 3])
+    assert batch.tokens.dtype == np.int32 and batch.sampler_logprobs.dtype == np.float32
+    # rewards [1, 0, 0.5, 0.5]: mean 0.5, population std sqrt(0.125); completions 2+1+4+2 = 9
+    # tokens; sequences 5+4+5+3 = 17 of 4 * 8 = 32 slots
+    assert batch.metrics() == pytest.approx(
+        {
+            "reward_mean": 0.5,
+            "reward_std": 0.125**0.5,
+            "completion_tokens": 9.0,
+            "completion_len_mean": 2.25,
+            "seq_len_max": 5.0,
+            "padding_fraction": 15 / 32,
+        }
+    )
+
+
+def test_dr_grpo_advantages_buckets_and_pad_id():
+    batch = build_rl_batch(_groups(), normalize_std=False, buckets=(6, 16), pad_id=1)
+    assert batch.length == 6
+    np.testing.assert_array_equal(batch.advantages, [0.5, -0.5, 0.0, 0.0])
+    np.testing.assert_array_equal(batch.tokens[3], [11, 15, 2, 1, 1, 1])
+    np.testing.assert_array_equal(batch.targets[3], [15, 2, 1, 1, 1, 1])
+    with pytest.raises(ValueError, match="pad_id must be a token id >= 0; got -1"):
+        build_rl_batch(_groups(), pad_id=-1)
+    with pytest.raises(ValueError, match="exceeds the largest bucket 4"):
+        build_rl_batch(_groups(), buckets=(4,))
+
+
+def test_bucket_length():
+    assert bucket_length(1) == 8 and bucket_length(9) == 16 and bucket_length(1024) == 1024
+    assert bucket_length(100, (512, 128, 256)) == 128
+
+
+def test_unscored_and_empty_inputs_raise():
+    g = _groups()[0]
+    unscored = dataclasses.replace(
+        g, completions=[dataclasses.replace(g.completions[0], reward=None)]
+    )
+    with pytest.raises(ValueError, match=r"completions \[0\] have no reward"):
+        build_rl_batch([unscored])
+    with pytest.raises(ValueError, match="at least one group"):
+        build_rl_batch([])
+
+
+def test_rollout_checks_and_converter():
+    with pytest.raises(ValueError, match="must align"):
+        Completion([1, 2], [-0.1], "stop", 0, 0)
+    with pytest.raises(ValueError, match="version_start <= version_end"):
+        Completion([1], [-0.1], "stop", 2, 1)
+    with pytest.raises(ValueError, match="prompt_ids must not be empty"):
+        RolloutGroup("x", [], [Completion([1], [-0.1], "stop", 0, 0)])
+    d = {
+        "sample_id": 7,
+        "prompt_ids": [1, 2],
+        "completions": [
+            {
+                "token_ids": [3],
+                "logprobs": [-0.25],
+                "finish_reason": "stop",
+                "version_start": 1,
+                "version_end": 2,
+            }
+        ],
+    }
+    group = group_from_dict(d)
+    assert group.sample_id == "7" and group.version_start == 1
+    assert group.completions[0].reward is None
+    scored = group.with_rewards([0.75])
+    assert scored.rewards == [0.75] and group.completions[0].reward is None
+    with pytest.raises(ValueError, match="expected 1 rewards, got 2"):
+        group.with_rewards([1.0, 0.0])
+
+
+def _mesh(shape, names):
+    devices = np.array(jax.devices()[:8])
+    if devices.size < 8:
+        pytest.skip("needs 8 (host) devices")
+    return jax.sharding.Mesh(devices.reshape(shape), names)
+
+
+def test_shard_batch_on_dp_fsdp_mesh():
+    mesh = _mesh((2, 4), ("dp", "fsdp"))
+    batch = build_rl_batch(_groups() + _groups())  # 8 rows
+    sharded = shard_batch(batch, mesh)
+    assert sharded.tokens.sharding.spec == P(("dp", "fsdp"), None)
+    assert sharded.rewards.sharding.spec == P(("dp", "fsdp"))
+    # each of the 8 devices holds one row
+    assert {s.data.shape for s in sharded.tokens.addressable_shards} == {(1, 8)}
+    for name in ("tokens", "sampler_logprobs", "advantages", "version_start"):
+        np.testing.assert_array_equal(np.asarray(getattr(sharded, name)), getattr(batch, name))
+
+
+def test_shard_batch_replicates_over_other_axes_and_checks_divisibility():
+    mesh = _mesh((2, 2, 2), ("dp", "fsdp", "tp"))
+    sharded = shard_batch(build_rl_batch(_groups()), mesh)  # 4 rows over dp * fsdp = 4
+    assert {s.data.shape for s in sharded.loss_mask.addressable_shards} == {(1, 8)}
+    with pytest.raises(ValueError, match="divisible by the 8 batch shards"):
+        shard_batch(build_rl_batch(_groups()), _mesh((2, 4), ("dp", "fsdp")))
+
+
+def test_alignment_with_a_bigram_engine():
+    # An "engine" samples from a bigram model p(next | prev) = softmax(E[prev] @ W) and reports
+    # each sampled token's log-prob; the trainer's log-probs of batch.targets from hidden states
+    # E[batch.tokens] must then equal batch.sampler_logprobs on every masked position.
+    v, d = 16, 4
+    emb = np.asarray(jax.random.normal(jax.random.key(0), (v, d)))
+    w = np.asarray(jax.random.normal(jax.random.key(1), (d, v)))
+    table = np.asarray(jax.nn.log_softmax(jnp.asarray(emb @ w), axis=-1))  # [prev, next]
+    rng = np.random.default_rng(0)
+
+    def sample(prompt, n):
+        ids, lps, prev = [], [], prompt[-1]
+        for _ in range(n):
+            tok = int(rng.integers(v))
+            ids.append(tok)
+            lps.append(float(table[prev, tok]))
+            prev = tok
+        return Completion(ids, lps, "length", 0, 0, reward=float(n))
+
+    groups = [
+        RolloutGroup("x", [3, 1], [sample([3, 1], 5), sample([3, 1], 2)]),
+        RolloutGroup("y", [7], [sample([7], 6), sample([7], 1)]),
+    ]
+    batch = build_rl_batch(groups)
+    lp = fused_target_logprobs(jnp.asarray(emb[batch.tokens]), jnp.asarray(w), batch.targets)
+    mask = batch.loss_mask > 0
+    np.testing.assert_allclose(np.asarray(lp)[mask], batch.sampler_logprobs[mask], atol=1e-5)
+    out = make_loss("grpo")(batch.loss_inputs(lp))
+    np.testing.assert_allclose(out.metrics["ratio_mean"], 1.0, atol=1e-5)
+    assert float(out.metrics["clip_fraction"]) == 0.0
+    assert float(out.metrics["num_tokens"]) == 5 + 2 + 6 + 1

@@ -1,0 +1,240 @@
+"""`RLBatch`: rollout groups as padded arrays, built on the host, then sharded onto the mesh.
+
+Legend: B rows (one per completion, groups kept together in order), L the padded length (a
+bucket), P a row's prompt length, C its completion length, S = P + C its sequence length.
+
+Layout of a row (right padded with `pad_id`):
+
+    tokens[b, :S]  = prompt + completion          (the model's input, positions 0..L-1)
+    targets[b, t]  = tokens[b, t + 1] for t < S - 1 (the token that position t predicts)
+    loss_mask[b, t] = 1 for P - 1 <= t <= S - 2   (positions whose target is a completion token)
+    sampler_logprobs[b, P - 1 + j] = the engine's log-prob of completion token j
+
+so ``fused_target_logprobs(model.hidden(tokens, positions), W, targets)`` is aligned with
+`sampler_logprobs` and `loss_mask` position by position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from trainer.losses.advantages import group_advantages
+from trainer.losses.base import LossInputs
+from trainer.rollouts import RolloutGroup
+from trainer.sharding import DATA_AXES
+
+BATCH_AXES: tuple[str, ...] = tuple(DATA_AXES)  # ("dp", "fsdp"), from trainer.sharding
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RLBatch:
+    """A training batch (numpy on the host; jax.Array once sharded by `shard_batch`).
+
+    Attributes:
+      tokens: [B, L] int32 input tokens, right padded.
+      positions: [B, L] int32, arange(L) on every row.
+      targets: [B, L] int32 next tokens (pad where there is none).
+      sampler_logprobs: [B, L] float32 sampler log-probs of `targets` (0 outside the mask).
+      loss_mask: [B, L] float32, 1 where `targets` is a completion token.
+      prompt_lens: [B] int32 P.
+      seq_lens: [B] int32 S = P + C.
+      rewards: [B] float32.
+      group_mean: [B] float32 mean reward of the row's group.
+      group_std: [B] float32 population std of the row's group rewards.
+      advantages: [B] float32 group-relative advantages (see `trainer.losses.advantages`).
+      group_index: [B] int32 index of the row's group in the input list.
+      version_start: [B] int32 weight version at which each completion started.
+    """
+
+    tokens: np.ndarray | jax.Array
+    positions: np.ndarray | jax.Array
+    targets: np.ndarray | jax.Array
+    sampler_logprobs: np.ndarray | jax.Array
+    loss_mask: np.ndarray | jax.Array
+    prompt_lens: np.ndarray | jax.Array
+    seq_lens: np.ndarray | jax.Array
+    rewards: np.ndarray | jax.Array
+    group_mean: np.ndarray | jax.Array
+    group_std: np.ndarray | jax.Array
+    advantages: np.ndarray | jax.Array
+    group_index: np.ndarray | jax.Array
+    version_start: np.ndarray | jax.Array
+
+    @property
+    def num_rows(self) -> int:
+        """B."""
+        return int(self.tokens.shape[0])
+
+    @property
+    def length(self) -> int:
+        """L, the padded length."""
+        return int(self.tokens.shape[1])
+
+    def metrics(self) -> dict[str, float]:
+        """Host-side batch statistics for the logger: ``reward_mean``, ``reward_std``
+        (population), ``completion_tokens`` (loss-mask total), ``completion_len_mean``,
+        ``seq_len_max`` and ``padding_fraction`` (share of the B * L slots past each row's S).
+        """
+        rewards = np.asarray(self.rewards, np.float64)
+        seq_lens = np.asarray(self.seq_lens)
+        completion = np.asarray(self.loss_mask).sum(axis=1)
+        return {
+            "reward_mean": float(rewards.mean()),
+            "reward_std": float(rewards.std()),
+            "completion_tokens": float(completion.sum()),
+            "completion_len_mean": float(completion.mean()),
+            "seq_len_max": float(seq_lens.max()),
+            "padding_fraction": float(1.0 - seq_lens.sum() / (self.num_rows * self.length)),
+        }
+
+    def loss_inputs(
+        self,
+        logprobs: jax.Array,
+        *,
+        ref_logprobs: jax.Array | None = None,
+        normalizer: jax.Array | None = None,
+    ) -> LossInputs:
+        """`LossInputs` for the losses: `logprobs` [B, L] are the current log-probs of `targets`
+        (e.g. ``fused_target_logprobs(hidden, w, batch.targets)``), `ref_logprobs` [B, L] those
+        of a reference model."""
+        return LossInputs(
+            logprobs=logprobs,
+            sampler_logprobs=jnp.asarray(self.sampler_logprobs),
+            advantages=jnp.asarray(self.advantages),
+            mask=jnp.asarray(self.loss_mask),
+            ref_logprobs=ref_logprobs,
+            normalizer=normalizer,
+        )
+
+
+def bucket_length(needed: int, buckets: Sequence[int] | None = None, min_length: int = 8) -> int:
+    """The smallest bucket >= `needed`.
+
+    Args:
+      needed: the longest sequence S of the batch.
+      buckets: allowed lengths (any order); None means powers of two from `min_length` up.
+      min_length: the smallest power-of-two bucket when `buckets` is None.
+
+    Raises:
+      ValueError: if `needed` exceeds every bucket, or is < 1.
+    """
+    if needed < 1:
+        raise ValueError(f"needed length must be >= 1; got {needed}")
+    if buckets is None:
+        length = max(min_length, 1)
+        while length < needed:
+            length *= 2
+        return length
+    fitting = [b for b in sorted(buckets) if b >= needed]
+    if not fitting:
+        raise ValueError(f"sequence length {needed} exceeds the largest bucket {max(buckets)}")
+    return fitting[0]
+
+
+def build_rl_batch(
+    groups: Sequence[RolloutGroup],
+    *,
+    pad_id: int = 0,
+    normalize_std: bool = True,
+    eps: float = 1e-6,
+    buckets: Sequence[int] | None = None,
+) -> RLBatch:
+    """Pad scored rollout groups into an `RLBatch` with numpy (host side).
+
+    Args:
+      groups: scored groups (every completion has a reward); rows keep their order.
+      pad_id: the token id written in padding, a valid id in [0, V) since padding still goes
+        through the embedding lookup (never counted by the loss).
+      normalize_std: GRPO advantages (divide by the group std + eps) or, if False, Dr. GRPO's.
+      eps: see `group_advantages`.
+      buckets: allowed padded lengths L (see `bucket_length`).
+
+    Raises:
+      ValueError: for no groups, a negative pad_id, an unscored completion, or a sequence
+        longer than every bucket.
+    """
+    if not groups:
+        raise ValueError("build_rl_batch needs at least one group")
+    if pad_id < 0:
+        raise ValueError(f"pad_id must be a token id >= 0; got {pad_id}")
+    rows = [(g, c) for g in groups for c in g.completions]
+    seq_lens = np.array([len(g.prompt_ids) + len(c.token_ids) for g, c in rows], np.int32)
+    length = bucket_length(int(seq_lens.max()), buckets)
+    b = len(rows)
+    tokens = np.full((b, length), pad_id, np.int32)
+    targets = np.full((b, length), pad_id, np.int32)
+    sampler = np.zeros((b, length), np.float32)
+    mask = np.zeros((b, length), np.float32)
+    prompt_lens = np.zeros(b, np.int32)
+    for i, (group, comp) in enumerate(rows):
+        p, s = len(group.prompt_ids), int(seq_lens[i])
+        tokens[i, :p] = group.prompt_ids
+        tokens[i, p:s] = comp.token_ids
+        targets[i, : s - 1] = tokens[i, 1:s]
+        sampler[i, p - 1 : s - 1] = comp.logprobs
+        mask[i, p - 1 : s - 1] = 1.0
+        prompt_lens[i] = p
+    stats = [
+        group_advantages(np.array([g.rewards]), normalize_std=normalize_std, eps=eps)
+        for g in groups
+    ]
+    return RLBatch(
+        tokens=tokens,
+        positions=np.broadcast_to(np.arange(length, dtype=np.int32), (b, length)).copy(),
+        targets=targets,
+        sampler_logprobs=sampler,
+        loss_mask=mask,
+        prompt_lens=prompt_lens,
+        seq_lens=seq_lens,
+        rewards=np.array([r for g in groups for r in g.rewards], np.float32),
+        group_mean=np.concatenate([s.mean[0] for s in stats]),
+        group_std=np.concatenate([s.std[0] for s in stats]),
+        advantages=np.concatenate([s.advantages[0] for s in stats]),
+        group_index=np.array([gi for gi, g in enumerate(groups) for _ in g.completions], np.int32),
+        version_start=np.array([c.version_start for _, c in rows], np.int32),
+    )
+
+
+def batch_sharding(mesh: Mesh, ndim: int, axes: Sequence[str] = BATCH_AXES) -> NamedSharding:
+    """Sharding of a [B, ...] array along B over the `axes` present in `mesh` (others ignored)."""
+    present = tuple(a for a in axes if a in mesh.axis_names)
+    if ndim == 0 or not present:
+        return NamedSharding(mesh, P())
+    return NamedSharding(mesh, P(present, *([None] * (ndim - 1))))
+
+
+def shard_batch(batch: RLBatch, mesh: Mesh, axes: Sequence[str] = BATCH_AXES) -> RLBatch:
+    """Put every array of `batch` on `mesh`, split along B over ``('dp', 'fsdp')``.
+
+    Other mesh axes (e.g. 'cp', 'tp') hold replicas. With several processes, each passes its own
+    rows and the result is the global batch (``jax.make_array_from_process_local_data``; rows
+    are ordered by process index).
+
+    Raises:
+      ValueError: if B (per process) is not divisible by the product of those axes' sizes
+        (per process).
+    """
+    present = [a for a in axes if a in mesh.axis_names]
+    shards = int(np.prod([mesh.shape[a] for a in present])) if present else 1
+    per_process = max(shards // jax.process_count(), 1)
+    if batch.num_rows % per_process:
+        raise ValueError(
+            f"batch rows {batch.num_rows} must be divisible by the {per_process} batch shards "
+            f"of mesh axes {tuple(present)} {dict(mesh.shape)} on this process"
+        )
+
+    def put(x: np.ndarray) -> jax.Array:
+        sharding = batch_sharding(mesh, np.ndim(x), axes)
+        if jax.process_count() == 1:
+            return jax.device_put(x, sharding)
+        return jax.make_array_from_process_local_data(sharding, np.asarray(x))
+
+    return jax.tree.map(put, batch)

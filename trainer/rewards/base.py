@@ -1,0 +1,110 @@
+"""The verifier seam: a `Problem` with its gold answer, one `Verifier` interface, one registry.
+
+Adding a verifier is one file with a `Verifier` (or `TextVerifier`) subclass decorated with
+`@register_verifier`, imported in `trainer/rewards/__init__.py`. Each problem names its verifier,
+so one run can mix task families.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, TypeVar
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """A prompt with what its verifier needs.
+
+    Attributes:
+      problem_id: stable id (e.g. ``"gsm8k/test/17"``), used as the rollout's sample id prefix.
+      question: the task text shown to the model (no chat template; the loop applies it).
+      answer: the gold answer as text (GSM8K: the number after ``####``).
+      verifier: the registry name of the verifier that scores completions of this problem.
+      metadata: anything else the verifier needs (reasoning-gym: the whole dataset entry).
+    """
+
+    problem_id: str
+    question: str
+    answer: str
+    verifier: str
+    metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class Verifier(abc.ABC):
+    """Scores one completion against one problem. Implementations must be thread-safe.
+
+    `needs_text` says whether `score_completion` reads the decoded text (the scoring pool then
+    decodes completions that came without it) or only the token ids.
+    """
+
+    name: ClassVar[str]
+    needs_text: ClassVar[bool] = True
+
+    @abc.abstractmethod
+    def score_completion(
+        self, text: str | None, token_ids: Sequence[int], problem: Problem
+    ) -> float:
+        """The reward of one completion (its decoded `text`, or None, and its token ids).
+
+        Raises:
+          ValueError: if `problem` lacks what this verifier needs, or the text is needed and None.
+        """
+
+
+class TextVerifier(Verifier):
+    """A verifier that reads only the decoded completion text (implement `score`)."""
+
+    def score_completion(
+        self, text: str | None, token_ids: Sequence[int], problem: Problem
+    ) -> float:
+        """`score(text, problem)`.
+
+        Raises:
+          ValueError: if `text` is None.
+        """
+        if text is None:
+            raise ValueError(f"verifier {self.name!r} needs the completion text; got None")
+        return self.score(text, problem)
+
+    @abc.abstractmethod
+    def score(self, completion: str, problem: Problem) -> float:
+        """The reward of `completion` (decoded text) for `problem`, a float (usually in [0, 1]).
+
+        Raises:
+          ValueError: if `problem` lacks what this verifier needs.
+        """
+
+
+_VERIFIERS: dict[str, type[Verifier]] = {}
+
+V = TypeVar("V", bound=type[Verifier])
+
+
+def register_verifier(cls: V) -> V:
+    """Class decorator: register `cls` under `cls.name`.
+
+    Raises:
+      ValueError: if another class already holds that name.
+    """
+    if cls.name in _VERIFIERS and _VERIFIERS[cls.name] is not cls:
+        raise ValueError(f"verifier {cls.name!r} is already registered")
+    _VERIFIERS[cls.name] = cls
+    return cls
+
+
+def available_verifiers() -> tuple[str, ...]:
+    """The registered verifier names, sorted."""
+    return tuple(sorted(_VERIFIERS))
+
+
+def make_verifier(name: str, **kwargs: Any) -> Verifier:
+    """Build the verifier registered as `name`.
+
+    Raises:
+      KeyError: for an unknown name (the message lists the known ones).
+    """
+    if name not in _VERIFIERS:
+        raise KeyError(f"unknown verifier {name!r}; expected one of {available_verifiers()}")
+    return _VERIFIERS[name](**kwargs)
