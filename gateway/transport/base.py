@@ -1,0 +1,184 @@
+"""The data-plane interface: a sender pushes one version, receivers load it bucket by bucket.
+
+Protocol, the same for every transport:
+1. the sender offers the `Manifest` (version, names, shapes, dtypes, bucket size);
+2. each receiver compares it with the manifest it was told to expect and accepts or refuses
+   (a refusal raises on both sides before any tensor moves);
+3. the sender streams the buckets (`Manifest.buckets`), each packed into one byte buffer
+   (`bucket_layout`), and each receiver hands every bucket to its `on_bucket` callback;
+4. the version is committed only when every receiver has had every bucket loaded without
+   error: `send` returns and `receive` returns only then; otherwise both raise
+   `TransferError`.
+
+torch is imported lazily inside the helpers, never at module import (the gateway imports this).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gateway.transport.manifest import Manifest, ManifestError, bucket_layout
+
+if TYPE_CHECKING:
+    import torch
+
+# One bucket as handed to a receiver's callback: (name, tensor) pairs, tensors of the
+# manifest's shape and dtype, viewing a buffer that is reused after the callback returns.
+Bucket = list[tuple[str, "torch.Tensor"]]
+OnBucket = Callable[[Bucket], None]
+
+
+class TransferError(RuntimeError):
+    """A version did not arrive whole: refused, timed out, or failed to load somewhere."""
+
+
+@dataclass(frozen=True)
+class SendStats:
+    """What one `send` moved.
+
+    Attributes:
+        version: the committed version.
+        num_bytes: payload bytes sent (sum of tensor sizes, padding excluded).
+        num_buckets: number of buckets.
+        seconds: wall time of the whole send, manifest to commit.
+    """
+
+    version: int
+    num_bytes: int
+    num_buckets: int
+    seconds: float
+
+    @property
+    def gb_per_s(self) -> float:
+        """Payload throughput in GB/s (1e9 bytes)."""
+        return self.num_bytes / max(self.seconds, 1e-9) / 1e9
+
+
+class WeightSender(ABC):
+    """The trainer side of a transport."""
+
+    @abstractmethod
+    def send(self, manifest: Manifest, tensors: Iterable[tuple[str, Any]]) -> SendStats:
+        """Push one version and return once every receiver committed it.
+
+        Args:
+            manifest: the version's tensors in order, and the bucket size.
+            tensors: (name, array) pairs in manifest order; arrays may be torch tensors,
+                numpy arrays or anything with `__dlpack__` (JAX arrays); each is cast to its
+                manifest dtype while packed. Consumed lazily, one bucket at a time.
+
+        Raises:
+            ManifestError: a tensor's name or shape differs from the manifest.
+            TransferError: a receiver refused the manifest, failed to load, or timed out.
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections and buffers."""
+
+
+class WeightReceiver(ABC):
+    """The engine side of a transport."""
+
+    @abstractmethod
+    def receive(self, manifest: Manifest, on_bucket: OnBucket) -> None:
+        """Receive the version described by `manifest`, calling `on_bucket` on each bucket.
+
+        Returns only once the whole version arrived and every receiver loaded it.
+
+        Raises:
+            ManifestError: the offered manifest differs from `manifest`.
+            TransferError: the stream broke, timed out, `on_bucket` raised (chained), or
+                another receiver failed.
+        """
+
+    def refuse(self, reason: str) -> None:
+        """Turn down the version on offer, telling the sender where the transport can.
+
+        Raises:
+            TransferError: always, carrying `reason`.
+        """
+        raise TransferError(f"refused: {reason}")
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections and buffers."""
+
+
+def as_torch(x: Any) -> torch.Tensor:
+    """A torch view of `x` without a copy where the platform allows.
+
+    Args:
+        x: a torch tensor, a numpy array (ml_dtypes bfloat16 included) or any object with
+            `__dlpack__` (a JAX array).
+
+    Returns:
+        A CPU or device torch tensor sharing memory with `x` where possible.
+    """
+    import numpy as np
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, np.ndarray):
+        if x.dtype.name == "bfloat16":
+            return torch.from_numpy(np.ascontiguousarray(x).view(np.uint16)).view(torch.bfloat16)
+        return torch.from_numpy(np.ascontiguousarray(x))
+    if hasattr(x, "__dlpack__"):
+        return torch.from_dlpack(x)
+    raise TypeError(f"expected a torch tensor, numpy array or dlpack array, got {type(x)}")
+
+
+def iter_packed(
+    manifest: Manifest, tensors: Iterable[tuple[str, Any]], device: str = "cpu"
+) -> Iterator[torch.Tensor]:
+    """Pack tensors into one uint8 buffer per bucket, casting each to its manifest dtype.
+
+    Yields:
+        One uint8 tensor `[bucket_total_bytes]` per bucket, in order, on `device`.
+
+    Raises:
+        ManifestError: a name, order or shape that differs from the manifest, or too few
+            or too many tensors.
+    """
+    import torch
+
+    it = iter(tensors)
+    for bucket in manifest.buckets():
+        offsets, total = bucket_layout(manifest, bucket)
+        buf = torch.empty(total, dtype=torch.uint8, device=device)
+        for i, off in zip(bucket, offsets, strict=True):
+            spec = manifest.tensors[i]
+            try:
+                name, arr = next(it)
+            except StopIteration:
+                raise ManifestError(
+                    f"tensors ran out at {spec.name!r} ({i} of {len(manifest.tensors)})"
+                ) from None
+            if name != spec.name:
+                raise ManifestError(f"tensor {i}: got {name!r}, manifest says {spec.name!r}")
+            t = as_torch(arr)
+            if tuple(t.shape) != spec.shape:
+                raise ManifestError(
+                    f"{name}: shape {list(t.shape)}, manifest says {list(spec.shape)}"
+                )
+            dst = buf[off : off + spec.nbytes].view(getattr(torch, spec.dtype)).view(spec.shape)
+            dst.copy_(t)
+        yield buf
+    extra = next(it, None)
+    if extra is not None:
+        raise ManifestError(f"more tensors than the manifest lists, starting with {extra[0]!r}")
+
+
+def unpack(manifest: Manifest, bucket: list[int], buf: torch.Tensor) -> Bucket:
+    """Views of each tensor of a bucket inside its packed uint8 buffer `[total_bytes]`."""
+    import torch
+
+    offsets, _ = bucket_layout(manifest, bucket)
+    out: Bucket = []
+    for i, off in zip(bucket, offsets, strict=True):
+        spec = manifest.tensors[i]
+        view = buf[off : off + spec.nbytes].view(getattr(torch, spec.dtype)).view(spec.shape)
+        out.append((spec.name, view))
+    return out

@@ -1,0 +1,51 @@
+"""Transport settings, one pydantic model per kind, joined on the `kind` field.
+
+Imports no ML library: the gateway and the configs load it in milliseconds.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field
+
+
+class GlooTransportConfig(BaseModel):
+    """gloo over TCP (CPUs). The sender hosts the rendezvous at (host, port)."""
+
+    kind: Literal["gloo"] = "gloo"
+    host: str = "127.0.0.1"
+    """Address of the sender's rendezvous store."""
+    port: int = 0
+    """TCP port of the store; 0 lets the sender pick one (then sent to engines)."""
+    timeout_s: float = 300.0
+    """Seconds allowed for the rendezvous and each collective."""
+    bucket_bytes: int = Field(256 * 2**20, gt=0)
+    """Bucket size in bytes: bounds the extra memory of each side."""
+
+
+class NcclTransportConfig(GlooTransportConfig):
+    """NCCL (GPUs); same rendezvous as gloo, buckets in device memory."""
+
+    kind: Literal["nccl"] = "nccl"  # type: ignore[assignment]
+    device: str = "cuda:0"
+    """This side's CUDA device."""
+
+
+class FileTransportConfig(BaseModel):
+    """safetensors files in a folder shared by trainer and engines."""
+
+    kind: Literal["file"] = "file"
+    root: str
+    """The shared folder."""
+    timeout_s: float = 300.0
+    """Seconds a receiver waits for a version to be committed."""
+    keep: int = Field(2, ge=1)
+    """Committed versions the sender keeps on disk."""
+    bucket_bytes: int = Field(256 * 2**20, gt=0)
+    """Bucket size in bytes (one file per bucket)."""
+
+
+TransportConfig = Annotated[
+    GlooTransportConfig | NcclTransportConfig | FileTransportConfig, Field(discriminator="kind")
+]

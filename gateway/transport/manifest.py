@@ -1,0 +1,218 @@
+"""What a weight version is made of: a manifest of tensors and its partition into buckets.
+
+A `Manifest` names every tensor of one version (HF checkpoint names, full shapes, the wire
+dtype) and the bucket size in bytes. Both ends compute the same partition into buckets from
+it (`Manifest.buckets`), so only the manifest itself ever needs to be agreed on. Pure Python:
+no torch, numpy or JAX at import time, so the gateway can carry manifests cheaply.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+# Bytes per element of each wire dtype, named as torch names them (`torch.<name>`).
+DTYPE_BYTES: dict[str, int] = {
+    "float32": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "float64": 8,
+    "int64": 8,
+    "int32": 4,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+}
+
+
+class ManifestError(ValueError):
+    """A manifest, or a tensor checked against one, is malformed or does not fit."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor of a version.
+
+    Attributes:
+        name: HF checkpoint name, e.g. `model.layers.0.self_attn.q_proj.weight`.
+        shape: full (unsharded) shape, e.g. `(num_heads * head_dim, hidden)`.
+        dtype: wire dtype as torch names it (`"bfloat16"`, `"float32"`, ...), a key of
+            `DTYPE_BYTES`.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPE_BYTES:
+            raise ManifestError(
+                f"tensor {self.name!r}: dtype {self.dtype!r} is not one of {sorted(DTYPE_BYTES)}"
+            )
+        if any((not isinstance(d, int)) or d < 0 for d in self.shape):
+            raise ManifestError(
+                f"tensor {self.name!r}: shape must be non-negative ints, got {self.shape}"
+            )
+
+    @property
+    def nbytes(self) -> int:
+        """Size in bytes: `prod(shape) * DTYPE_BYTES[dtype]`."""
+        return math.prod(self.shape) * DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Every tensor of one weight version, in sending order, and the bucket size.
+
+    Attributes:
+        version: the weight version these tensors make up (an int >= 0).
+        tensors: the tensors in the order the sender yields them; names are unique.
+        bucket_bytes: upper bound in bytes of one bucket; a tensor larger than it travels
+            alone in its own bucket (so the extra memory on each side is at most
+            `max(bucket_bytes, largest tensor)`).
+    """
+
+    version: int
+    tensors: tuple[TensorSpec, ...]
+    bucket_bytes: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.version, int) or self.version < 0:
+            raise ManifestError(f"version must be an int >= 0, got {self.version!r}")
+        if not isinstance(self.bucket_bytes, int) or self.bucket_bytes <= 0:
+            raise ManifestError(f"bucket_bytes must be an int > 0, got {self.bucket_bytes!r}")
+        counts = Counter(t.name for t in self.tensors)
+        dupes = sorted(n for n, c in counts.items() if c > 1)
+        if dupes:
+            raise ManifestError(f"manifest names must be unique; repeated: {dupes}")
+
+    @property
+    def total_bytes(self) -> int:
+        """Sum of every tensor's `nbytes`."""
+        return sum(t.nbytes for t in self.tensors)
+
+    def buckets(self) -> list[list[int]]:
+        """Partition the tensors, in order, into buckets of at most `bucket_bytes`.
+
+        Greedy: a tensor joins the current bucket if it still fits, else it opens a new one.
+
+        Returns:
+            A list of buckets, each a non-empty list of indices into `tensors`.
+        """
+        out: list[list[int]] = []
+        size = 0
+        for i, t in enumerate(self.tensors):
+            if out and size + t.nbytes <= self.bucket_bytes:
+                out[-1].append(i)
+                size += t.nbytes
+            else:
+                out.append([i])
+                size = t.nbytes
+        return out
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict (the form carried by vLLM's update request and the gateway)."""
+        return {
+            "version": self.version,
+            "bucket_bytes": self.bucket_bytes,
+            "tensors": [[t.name, list(t.shape), t.dtype] for t in self.tensors],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Manifest:
+        """Inverse of `to_dict`. Raises `ManifestError` on a missing or malformed field."""
+        try:
+            tensors = tuple(
+                TensorSpec(str(n), tuple(int(x) for x in s), str(dt)) for n, s, dt in d["tensors"]
+            )
+            return cls(int(d["version"]), tensors, int(d["bucket_bytes"]))
+        except (KeyError, TypeError, ValueError) as e:
+            if isinstance(e, ManifestError):
+                raise
+            raise ManifestError(f"malformed manifest dict: {e!r}") from e
+
+    def to_json(self) -> bytes:
+        """Canonical UTF-8 JSON bytes (sorted keys), used on the wire and for equality."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Manifest:
+        """Inverse of `to_json`."""
+        return cls.from_dict(json.loads(data.decode()))
+
+    @classmethod
+    def of(
+        cls,
+        version: int,
+        shapes: list[tuple[str, tuple[int, ...]]],
+        dtype: str,
+        bucket_bytes: int,
+    ) -> Manifest:
+        """A manifest of `(name, full shape)` pairs, all sent as `dtype`."""
+        return cls(
+            version,
+            tuple(TensorSpec(n, tuple(int(d) for d in s), dtype) for n, s in shapes),
+            bucket_bytes,
+        )
+
+    def with_bucket_bytes(self, bucket_bytes: int) -> Manifest:
+        """The same tensors and version with another bucket size."""
+        return Manifest(self.version, self.tensors, bucket_bytes)
+
+
+def check_manifest(manifest: Manifest, expected: dict[str, tuple[tuple[int, ...], str]]) -> None:
+    """Check a manifest against the tensors a model expects, before anything is loaded.
+
+    Args:
+        manifest: the version offered.
+        expected: name -> (full shape, dtype) of every tensor the receiving model holds.
+
+    Raises:
+        ManifestError: listing every unknown name, missing name, wrong shape and wrong dtype.
+    """
+    problems: list[str] = []
+    names = {t.name for t in manifest.tensors}
+    unknown = sorted(names - expected.keys())
+    missing = sorted(expected.keys() - names)
+    if unknown:
+        problems.append(f"unknown names {unknown}")
+    if missing:
+        problems.append(f"missing names {missing}")
+    for t in manifest.tensors:
+        if t.name not in expected:
+            continue
+        shape, dtype = expected[t.name]
+        if tuple(shape) != t.shape:
+            problems.append(f"{t.name}: shape {list(t.shape)}, expected {list(shape)}")
+        if dtype != t.dtype:
+            problems.append(f"{t.name}: dtype {t.dtype}, expected {dtype}")
+    if problems:
+        raise ManifestError(
+            f"manifest of version {manifest.version} does not fit the model: " + "; ".join(problems)
+        )
+
+
+# Byte alignment of each tensor inside a packed bucket, so every slice can be viewed as its
+# dtype (torch requires the byte offset to be a multiple of the element size).
+ALIGN = 16
+
+
+def bucket_layout(manifest: Manifest, bucket: list[int]) -> tuple[list[int], int]:
+    """Byte offsets of a bucket's tensors inside one packed buffer, and its total size.
+
+    Args:
+        manifest: the version.
+        bucket: indices into `manifest.tensors` (one entry of `manifest.buckets()`).
+
+    Returns:
+        (offsets, total): `offsets[j]` is where tensor `bucket[j]` starts, aligned to `ALIGN`
+        bytes; `total` is the buffer size in bytes (the end of the last tensor, aligned).
+    """
+    offsets = []
+    off = 0
+    for i in bucket:
+        offsets.append(off)
+        off += -(-manifest.tensors[i].nbytes // ALIGN) * ALIGN
+    return offsets, off

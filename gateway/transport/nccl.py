@@ -1,0 +1,92 @@
+"""Weights over NCCL, for GPUs: the broadcast protocol of `collective.py` on a private
+`ProcessGroupNCCL`, with buckets packed and received in device memory.
+
+Untested here (no GPUs); the rendezvous, the protocol and the packing are the ones the gloo
+transport runs in CI, only the process group and the device differ. Each tensor-parallel rank
+currently receives full tensors and vLLM's loaders take their shard (`reshard.py` computes the
+per-rank slices for sending each rank only its own shard).
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from gateway.transport.collective import CollectiveReceiver, CollectiveSender, _Group
+
+
+def _nccl_group(store: Any, rank: int, world_size: int, timeout_s: float, device: str) -> _Group:
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(torch.device(device))
+    opts = dist.ProcessGroupNCCL.Options()
+    opts._timeout = datetime.timedelta(seconds=timeout_s)
+    pg = dist.ProcessGroupNCCL(dist.PrefixStore("jaxrl-weights", store), rank, world_size, opts)
+    return _Group(pg, device)
+
+
+class NcclSender(CollectiveSender):
+    """Rank 0 on `device` (e.g. `"cuda:0"`); arguments as `GlooSender`."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        num_receivers: int,
+        timeout_s: float = 300.0,
+        device: str = "cuda:0",
+    ) -> None:
+        super().__init__()
+        import torch.distributed as dist
+
+        self.device = device
+        self.world_size = num_receivers + 1
+        self.timeout_s = timeout_s
+        self._store: Any = dist.TCPStore(
+            host,
+            port,
+            self.world_size,
+            is_master=True,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+        )
+
+    @property
+    def port(self) -> int:
+        """The TCP port the rendezvous store listens on."""
+        return int(self._store.port)
+
+    def _make_group(self) -> _Group:
+        return _nccl_group(self._store, 0, self.world_size, self.timeout_s, self.device)
+
+
+class NcclReceiver(CollectiveReceiver):
+    """Rank `rank` (>= 1) on `device`; arguments as `GlooReceiver`."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        timeout_s: float = 300.0,
+        device: str = "cuda:0",
+    ) -> None:
+        super().__init__()
+        if not 1 <= rank < world_size:
+            raise ValueError(f"rank must be in 1..{world_size - 1}, got {rank}")
+        self.host, self.port, self.rank, self.device = host, port, rank, device
+        self.world_size, self.timeout_s = world_size, timeout_s
+
+    def _make_group(self) -> _Group:
+        import torch.distributed as dist
+
+        store = dist.TCPStore(
+            self.host,
+            self.port,
+            self.world_size,
+            is_master=False,
+            timeout=datetime.timedelta(seconds=self.timeout_s),
+        )
+        return _nccl_group(store, self.rank, self.world_size, self.timeout_s, self.device)

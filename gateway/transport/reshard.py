@@ -1,0 +1,168 @@
+"""The resharding plan for sending each vLLM tensor-parallel rank only its own shard.
+
+Pure index arithmetic (no torch, no JAX): given a full HF tensor's shape, how the engine shards
+it, and the engine TP size, `tp_slice` says which part of the full tensor TP rank r holds, as
+vLLM's own loaders take it:
+- `column` (q_proj, gate_proj, up_proj, their biases): dim 0 split evenly,
+  `ColumnParallelLinear` / `MergedColumnParallelLinear` / the "q" shard of `QKVParallelLinear`;
+- `kv` (k_proj, v_proj, their biases): dim 0 by KV head; when tp > num_kv_heads each head is
+  replicated on `tp // num_kv_heads` consecutive ranks (rank r takes head
+  `r // (tp // num_kv_heads)`), as `QKVParallelLinear.weight_loader` does;
+- `row` (o_proj, down_proj weights): dim 1 split evenly, `RowParallelLinear`;
+- `vocab` (embed_tokens, lm_head): dim 0 over the vocab padded to a multiple of 64, each
+  rank's range clipped to the real vocab, `VocabParallelEmbedding` / `ParallelLMHead`;
+- `replicated` (norms, row-parallel biases): every rank takes the whole tensor.
+
+The trainer holds each tensor as FSDP shards along dim 0 (shard s of S holds rows
+`[s * n / S, (s + 1) * n / S)`). `plan` lists the pieces that move: which trainer shard's
+sub-block goes where in which TP rank's tensor (fan-in when the trainer has more shards than
+a TP slice spans, fan-out when one shard feeds several ranks, KV replication included).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+ShardKind = Literal["column", "kv", "row", "vocab", "replicated"]
+VOCAB_PAD = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
+
+Region = tuple[slice, ...]
+
+
+def _split(n: int, parts: int, what: str) -> int:
+    if n % parts:
+        raise ValueError(f"{what}: size {n} is not divisible by {parts}")
+    return n // parts
+
+
+def tp_slice(
+    shape: tuple[int, ...],
+    kind: ShardKind,
+    tp_size: int,
+    tp_rank: int,
+    num_kv_heads: int | None = None,
+) -> Region:
+    """The region of the full tensor that TP rank `tp_rank` of `tp_size` holds.
+
+    Args:
+        shape: full HF shape, e.g. `[num_kv_heads * head_dim, hidden]` for k_proj.
+        kind: how the engine shards it (see the module docstring).
+        tp_size, tp_rank: engine TP degree and this rank, 0 <= tp_rank < tp_size.
+        num_kv_heads: total KV heads; required for `kv`.
+
+    Returns:
+        One slice per dim of `shape` (start/stop in full-tensor indices).
+
+    Raises:
+        ValueError: a bad rank, a missing `num_kv_heads`, or a size that does not split.
+    """
+    if not 0 <= tp_rank < tp_size:
+        raise ValueError(f"tp_rank must be in [0, {tp_size}), got {tp_rank}")
+    full: list[slice] = [slice(0, d) for d in shape]
+    if kind == "replicated":
+        return tuple(full)
+    if kind == "column":
+        n = _split(shape[0], tp_size, "column dim 0")
+        full[0] = slice(tp_rank * n, (tp_rank + 1) * n)
+    elif kind == "row":
+        if len(shape) < 2:
+            raise ValueError(f"row-parallel tensors have 2 dims, got shape {shape}")
+        n = _split(shape[1], tp_size, "row dim 1")
+        full[1] = slice(tp_rank * n, (tp_rank + 1) * n)
+    elif kind == "kv":
+        if num_kv_heads is None:
+            raise ValueError("kind 'kv' needs num_kv_heads")
+        head_dim = _split(shape[0], num_kv_heads, "kv dim 0 by heads")
+        if tp_size >= num_kv_heads:
+            replicas = _split(tp_size, num_kv_heads, "tp_size by num_kv_heads")
+            head = tp_rank // replicas
+            full[0] = slice(head * head_dim, (head + 1) * head_dim)
+        else:
+            n = _split(num_kv_heads, tp_size, "num_kv_heads by tp_size") * head_dim
+            full[0] = slice(tp_rank * n, (tp_rank + 1) * n)
+    elif kind == "vocab":
+        padded = -(-shape[0] // VOCAB_PAD) * VOCAB_PAD
+        n = _split(padded, tp_size, "padded vocab")
+        full[0] = slice(min(tp_rank * n, shape[0]), min((tp_rank + 1) * n, shape[0]))
+    else:
+        raise ValueError(f"unknown shard kind {kind!r}")
+    return tuple(full)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One block that moves from a trainer shard to a TP rank.
+
+    Attributes:
+        src: trainer FSDP shard index (the device holding it).
+        src_region: the block inside that shard (shard-local indices).
+        dst: TP rank receiving it.
+        dst_region: where it lands inside that rank's slice (slice-local indices).
+    """
+
+    src: int
+    src_region: Region
+    dst: int
+    dst_region: Region
+
+
+def fsdp_rows(n: int, fsdp_size: int) -> list[tuple[int, int]]:
+    """Rows `[start, end)` of the full dim 0 that each of `fsdp_size` trainer shards holds."""
+    k = _split(n, fsdp_size, "FSDP dim 0")
+    return [(s * k, (s + 1) * k) for s in range(fsdp_size)]
+
+
+def plan(
+    shape: tuple[int, ...],
+    kind: ShardKind,
+    tp_size: int,
+    fsdp_size: int,
+    num_kv_heads: int | None = None,
+) -> list[Piece]:
+    """Every block to move so each TP rank gets exactly its `tp_slice`, from FSDP shards.
+
+    Returns:
+        Pieces ordered by (dst, src). Per TP rank they tile its slice exactly once.
+    """
+    rows = fsdp_rows(shape[0], fsdp_size)
+    pieces: list[Piece] = []
+    for r in range(tp_size):
+        region = tp_slice(shape, kind, tp_size, r, num_kv_heads)
+        r0, r1 = region[0].start, region[0].stop
+        rest = region[1:]
+        for s, (a, b) in enumerate(rows):
+            lo, hi = max(a, r0), min(b, r1)
+            if lo >= hi:
+                continue
+            local_rest = tuple(slice(0, x.stop - x.start) for x in rest)
+            pieces.append(
+                Piece(
+                    src=s,
+                    src_region=(slice(lo - a, hi - a), *rest),
+                    dst=r,
+                    dst_region=(slice(lo - r0, hi - r0), *local_rest),
+                )
+            )
+    return pieces
+
+
+def apply_plan(
+    pieces: list[Piece],
+    shards: list[np.ndarray],
+    shape: tuple[int, ...],
+    kind: ShardKind,
+    tp_size: int,
+    num_kv_heads: int | None = None,
+) -> list[np.ndarray]:
+    """Run a plan on host arrays: the tensor each TP rank ends up with (the reference the
+    device transports follow; used by the tests)."""
+    out = []
+    for r in range(tp_size):
+        region = tp_slice(shape, kind, tp_size, r, num_kv_heads)
+        out.append(np.zeros([x.stop - x.start for x in region], dtype=shards[0].dtype))
+    for p in pieces:
+        out[p.dst][p.dst_region] = shards[p.src][p.src_region]
+    return out

@@ -1,0 +1,245 @@
+"""The vLLM rollout backend: vLLM's async engine, fed continuously, updated in place.
+
+Requests flow through `AsyncLLM` as they come (new prompts join while others decode); each
+`generate` is one request with `n = G`, prompt given as token ids, returning the processed
+log-prob (`logprobs_mode="processed_logprobs"`: after temperature/top-k/top-p) of each sampled
+token and vLLM's weight-version spans.
+
+Weight updates use vLLM's native API with our transfer engine (`transfer_engine.py`):
+check the manifest against the model -> pause(mode="keep", clear_cache=True) -> start ->
+update (the data plane streams the buckets) -> finish(weight_version) -> reset the prefix
+cache -> resume. In-flight requests stay in flight ("keep"): they continue with the new weights
+after the update, their KV cache recomputed, and the switch point is recorded in their version
+spans, so no generated token is thrown away and the trainer sees exactly which tokens came
+from which version (it bounds staleness per sample with the spans). Waiting for them to finish
+instead ("wait") would bring back the straggler stall this design exists to remove.
+
+If the update fails after some tensors were loaded, the engine holds a mix of two versions:
+it stays paused, `weight_version` is None and `generate` refuses, until an update succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.transport.manifest import Manifest, check_manifest
+from rollout_engine.backend import (
+    GroupResult,
+    RolloutBackend,
+    Sample,
+    SamplingConfig,
+    UpdateStats,
+    VersionSpan,
+)
+from rollout_engine.vllm.expected import checkpoint_tensors
+from rollout_engine.vllm.registry import ENGINE_NAME, register_transfer_engines
+
+
+@dataclass(frozen=True)
+class VllmBackendConfig:
+    """How to start the engine.
+
+    Attributes:
+        model: HF checkpoint folder (safetensors) the engine starts from.
+        dtype: engine dtype as torch names it; every update must arrive in it.
+        tensor_parallel_size: engine TP degree.
+        max_model_len: context length in tokens (prompt + completion).
+        seed: engine sampling seed.
+        enforce_eager: skip graph capture/compilation (fast start; needed on CPU here).
+        kv_cache_gib: CPU KV-cache size in GiB (`VLLM_CPU_KVCACHE_SPACE`), if not set already.
+        gpu_memory_utilization: fraction of GPU memory vLLM may take (GPUs only).
+        initial_version: the weight version the checkpoint counts as.
+    """
+
+    model: str
+    dtype: str = "bfloat16"
+    tensor_parallel_size: int = 1
+    max_model_len: int = 2048
+    seed: int = 0
+    enforce_eager: bool = True
+    kv_cache_gib: int = 1
+    gpu_memory_utilization: float = 0.5
+    initial_version: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("bfloat16", "float16", "float32"):
+            raise ValueError(f"dtype must be bfloat16, float16 or float32, got {self.dtype!r}")
+        if self.tensor_parallel_size < 1 or self.max_model_len < 2:
+            raise ValueError(
+                f"tensor_parallel_size must be >= 1 and max_model_len >= 2, got "
+                f"{self.tensor_parallel_size}, {self.max_model_len}"
+            )
+
+
+class VllmBackend(RolloutBackend):
+    """`RolloutBackend` over vLLM's `AsyncLLM` (see the module docstring)."""
+
+    def __init__(self, cfg: VllmBackendConfig) -> None:
+        self.cfg = cfg
+        self.engine: Any = None
+        self._expected = checkpoint_tensors(cfg.model, cfg.dtype)
+        self._version: int | None = cfg.initial_version
+        self._lock = asyncio.Lock()
+
+    @property
+    def weight_version(self) -> int | None:
+        """The version served now; None while the engine holds no whole version."""
+        return self._version
+
+    @property
+    def expected_tensors(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """name -> (full shape, dtype) every manifest must list exactly."""
+        return dict(self._expected)
+
+    async def start(self) -> None:
+        """Start the engine (tens of seconds on CPU) and label its weights `initial_version`."""
+        from vllm.config import WeightTransferConfig
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        register_transfer_engines()
+        on_cpu = current_platform.is_cpu()
+        if on_cpu:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.cfg.kv_cache_gib))
+        worker = "workers_cpu.JaxrlCPUWorker" if on_cpu else "workers_gpu.JaxrlGPUWorker"
+        args = AsyncEngineArgs(
+            model=self.cfg.model,
+            dtype=self.cfg.dtype,  # type: ignore[arg-type]
+            tensor_parallel_size=self.cfg.tensor_parallel_size,
+            max_model_len=self.cfg.max_model_len,
+            seed=self.cfg.seed,
+            enforce_eager=self.cfg.enforce_eager,
+            gpu_memory_utilization=self.cfg.gpu_memory_utilization,
+            enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",
+            weight_transfer_config=WeightTransferConfig(backend=ENGINE_NAME),
+            worker_cls=f"rollout_engine.vllm.{worker}",
+        )
+        self.engine = AsyncLLM.from_engine_args(args)
+        await self.engine.update_weight_version(str(self.cfg.initial_version))
+
+    async def connect_transport(
+        self, transport: dict[str, Any], rank_offset: int = 1, world_size: int | None = None
+    ) -> None:
+        """Join the data plane; blocks until the sender joins (or the transport's timeout).
+
+        Args:
+            transport: a `gateway.transport.config.TransportConfig` as a dict.
+            rank_offset: group rank of this engine's TP rank 0.
+            world_size: group size; default 1 + `tensor_parallel_size`.
+        """
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        ws = world_size or 1 + self.cfg.tensor_parallel_size
+        info = {"transport": transport, "rank_offset": rank_offset, "world_size": ws}
+        await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info))
+
+    async def generate(
+        self, prompt_id: str, prompt_token_ids: list[int], sampling: SamplingConfig
+    ) -> GroupResult:
+        """See `RolloutBackend.generate`."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        if self._version is None:
+            raise RuntimeError("engine holds no whole weight version (a failed update)")
+        if not prompt_token_ids:
+            raise ValueError(f"prompt {prompt_id!r} is empty")
+        if len(prompt_token_ids) + sampling.max_tokens > self.cfg.max_model_len:
+            raise ValueError(
+                f"prompt {prompt_id!r}: {len(prompt_token_ids)} tokens + max_tokens "
+                f"{sampling.max_tokens} exceed max_model_len {self.cfg.max_model_len}"
+            )
+        params = SamplingParams(
+            n=sampling.n,
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            seed=sampling.seed,
+            stop_token_ids=list(sampling.stop_token_ids),
+            ignore_eos=sampling.ignore_eos,
+            logprobs=0,
+            detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+        final = None
+        request_id = f"{prompt_id}-{uuid.uuid4().hex[:8]}"
+        prompt = {"prompt_token_ids": list(prompt_token_ids)}
+        async for out in self.engine.generate(prompt, params, request_id):
+            final = out
+        if final is None or len(final.outputs) != sampling.n:
+            raise RuntimeError(f"request {request_id} ended without its {sampling.n} samples")
+        samples = tuple(_sample(c) for c in sorted(final.outputs, key=lambda c: c.index))
+        return GroupResult(prompt_id, tuple(prompt_token_ids), samples)
+
+    async def update_weights(self, manifest: Manifest) -> UpdateStats:
+        """See `RolloutBackend.update_weights` and the module docstring.
+
+        A manifest that does not fit is refused before the engine pauses; the refusal is also
+        voted on the data plane so the sender fails fast (that vote waits for the sender's
+        offer, at most the transport's timeout).
+        """
+        async with self._lock:
+            t0 = time.perf_counter()
+            try:
+                check_manifest(manifest, self._expected)
+            except ValueError as e:
+                kwargs = {"manifest": manifest.to_dict(), "reason": str(e)}
+                await self.engine.collective_rpc("jaxrl_refuse_update", kwargs=kwargs)
+                raise
+            await self.engine.pause_generation(mode="keep", clear_cache=True)
+            t1 = time.perf_counter()
+            try:
+                await self._load(manifest)
+            finally:
+                if self._version is not None:
+                    await self.engine.resume_generation()
+            t2 = time.perf_counter()
+            phases = {"check": t1 - t0, "load": t2 - t1}
+            return UpdateStats(manifest.version, manifest.total_bytes, t2 - t1, t2 - t0, phases)
+
+    async def _load(self, manifest: Manifest) -> None:
+        """start -> update -> finish(version) -> reset the prefix cache, engine paused.
+
+        Sets `_version` to the new version on success; to None when the engine may hold a mix
+        (some buckets loaded before a failure, or stale cached KV).
+        """
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        await self.engine.start_weight_update()
+        request = WeightTransferUpdateRequest(update_info={"manifest": manifest.to_dict()})
+        try:
+            await self.engine.update_weights(request)
+        except BaseException:
+            loaded = await self.engine.collective_rpc("jaxrl_abort_update")
+            if any(n > 0 for n in loaded):
+                self._version = None
+            raise
+        self._version = None  # new weights in; not servable until the cache is clean
+        await self.engine.finish_weight_update(weight_version=str(manifest.version))
+        if not await self.engine.reset_prefix_cache(reset_running_requests=True):
+            raise RuntimeError(f"reset_prefix_cache failed after loading {manifest.version}")
+        self._version = manifest.version
+
+    async def shutdown(self) -> None:
+        """Stop the engine (its worker processes included)."""
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+
+
+def _sample(c: Any) -> Sample:
+    """Our `Sample` from one vLLM `CompletionOutput` (log-probs of the sampled tokens)."""
+    tokens = tuple(int(t) for t in c.token_ids)
+    if c.logprobs is None or len(c.logprobs) != len(tokens):
+        raise RuntimeError(f"sample {c.index}: expected {len(tokens)} log-probs, got none/other")
+    lps = tuple(float(c.logprobs[i][t].logprob) for i, t in enumerate(tokens))
+    spans = tuple(VersionSpan(int(s.version), s.start, s.end) for s in c.weight_versions or ())
+    return Sample(tokens, lps, str(c.finish_reason), spans)

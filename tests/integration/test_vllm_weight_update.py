@@ -1,0 +1,250 @@
+"""vLLM CPU engine + a separate sender process over gloo: weights of tiny model B pushed into
+an engine started on tiny model A give exactly B's outputs (transformers as the reference).
+
+One engine for the whole module (starting one takes ~20 s); the tests run in order and each
+states the version it expects to find.
+"""
+
+import asyncio
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from gateway.transport.manifest import Manifest, ManifestError
+from rollout_engine.backend import SamplingConfig, VersionSpan
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+def _load_helpers():
+    path = Path(__file__).with_name("vllm_helpers.py")
+    spec = importlib.util.spec_from_file_location("vllm_helpers", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+H = _load_helpers()
+PROMPTS = [[1, 5, 9, 23, 7], [1, 40, 41, 42], [1, 17, 3, 99, 100, 12, 8]]
+
+
+def make_tiny_llama(path: Path, seed: int) -> Path:
+    """A random 2-layer Llama (GQA, 4 query / 2 KV heads of 32: vLLM-CPU needs head_dim >= 32,
+    vocab 128, fp32) and a word-level tokenizer beside it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=128,
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=256,
+        max_position_embeddings=1024,
+        initializer_range=0.2,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        dtype="float32",
+    )
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    words = "the a cat dog sat on mat ran far and then sum of two is one three".split()
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3} | {w: i + 4 for i, w in enumerate(words)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+    ).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vllm_models")
+    a = make_tiny_llama(root / "A", seed=1)
+    b = make_tiny_llama(root / "B", seed=2)
+    for loop, backend, sender in H.engine_world(a):
+        hf = {"A": H.hf_model(a), "B": H.hf_model(b)}
+        w = {"loop": loop, "backend": backend, "sender": sender, "A": a, "B": b, "hf": hf}
+        yield w
+        if w["sender"] is not sender:  # replaced by a test
+            w["sender"].close()
+
+
+def run(world, coro):
+    return world["loop"].run_until_complete(coro)
+
+
+def greedy(world, prompt, n=12):
+    sampling = SamplingConfig(n=1, max_tokens=n, temperature=0.0, ignore_eos=True)
+    res = run(world, world["backend"].generate("p", prompt, sampling))
+    return list(res.samples[0].token_ids), res.samples[0]
+
+
+def push(world, name: str, version: int, bucket_bytes: int, cmd: str = "send"):
+    sender, backend = world["sender"], world["backend"]
+    manifest = sender.offer(cmd, world[name], version, bucket_bytes)
+    try:
+        stats = run(world, backend.update_weights(manifest))
+    except Exception as e:  # noqa: BLE001 - checked by the caller
+        return e, sender.result()
+    return stats, sender.result()
+
+
+def test_serves_model_a_at_version_0(world):
+    assert world["backend"].weight_version == 0
+    for prompt in PROMPTS:
+        tokens, sample = greedy(world, prompt)
+        assert tokens == H.hf_greedy(world["hf"]["A"], prompt, 12)
+        assert sample.versions == (VersionSpan(0, 0, 12),)
+        assert sample.finish_reason == "length"
+
+
+def test_update_to_b_matches_transformers(world):
+    stats, (kind, rest) = push(world, "B", 1, 1 << 20)
+    assert kind == "done", rest
+    assert json.loads(rest)["version"] == 1 and stats.version == 1
+    assert world["backend"].weight_version == 1
+    hf_b = world["hf"]["B"]
+    for prompt in PROMPTS:
+        tokens, sample = greedy(world, prompt)
+        assert tokens == H.hf_greedy(hf_b, prompt, 12)
+        assert sample.versions == (VersionSpan(1, 0, 12),)
+    sampling = SamplingConfig(n=3, max_tokens=16, temperature=0.7, seed=123, ignore_eos=True)
+    res = run(world, world["backend"].generate("t", PROMPTS[0], sampling))
+    assert len(res.samples) == 3
+    for s in res.samples:
+        ref = H.hf_logprobs(hf_b, PROMPTS[0], list(s.token_ids), 0.7)
+        assert max(abs(x - y) for x, y in zip(s.logprobs, ref, strict=True)) < 1e-4
+
+
+def test_broken_manifest_is_refused_and_engine_keeps_serving(world):
+    before = [greedy(world, p)[0] for p in PROMPTS]
+    err, (kind, rest) = push(world, "A", 2, 1 << 20, cmd="send_broken")
+    assert isinstance(err, ManifestError)
+    msg = str(err)
+    assert "unknown names ['model.layers.0.self_attn.not_a_proj.weight']" in msg
+    assert "missing names" in msg and "shape [3, 5]" in msg
+    assert kind == "error" and "refused" in rest
+    assert world["backend"].weight_version == 1
+    assert [greedy(world, p)[0] for p in PROMPTS] == before
+
+
+def test_two_versions_back_to_back_end_on_the_second(world):
+    stats, (kind, rest) = push(world, "B", 2, 4096)
+    assert kind == "done" and json.loads(rest)["buckets"] > 10
+    stats, (kind, rest) = push(world, "A", 3, 1 << 16)
+    assert kind == "done", rest
+    assert world["backend"].weight_version == 3
+    for prompt in PROMPTS:
+        tokens, sample = greedy(world, prompt)
+        assert tokens == H.hf_greedy(world["hf"]["A"], prompt, 12)
+        assert sample.versions == (VersionSpan(3, 0, 12),)
+
+
+def test_long_shared_prompt_after_update_uses_new_weights(world):
+    prompt = [1] + [(7 * i) % 120 + 4 for i in range(300)]
+    tokens_a, _ = greedy(world, prompt, 8)  # fills the prefix cache under A (version 3)
+    assert tokens_a == H.hf_greedy(world["hf"]["A"], prompt, 8)
+    stats, (kind, rest) = push(world, "B", 4, 1 << 20)
+    assert kind == "done", rest
+    tokens_b, sample = greedy(world, prompt, 8)
+    assert tokens_b == H.hf_greedy(world["hf"]["B"], prompt, 8)
+    assert tokens_b != tokens_a
+    assert sample.versions == (VersionSpan(4, 0, 8),)
+
+
+def test_requests_in_flight_continue_with_new_weights(world):
+    """An update mid-request: the request continues with the new weights, and its version
+    spans say where. Timing decides whether an update lands mid-request, so up to five
+    pushes (alternating A and B) are tried; at least one must switch, and every outcome must
+    match transformers token for token."""
+    backend, sender = world["backend"], world["sender"]
+    prompt = PROMPTS[1]
+    sampling = SamplingConfig(n=1, max_tokens=480, temperature=0.0, ignore_eos=True)
+    names = {v: "B" if v % 2 == 0 else "A" for v in range(4, 20)}  # 4 is B (the last push)
+
+    async def scenario(version, delay):
+        task = asyncio.create_task(backend.generate("long", prompt, sampling))
+        await asyncio.sleep(delay)
+        manifest = sender.offer("send", world[names[version]], version, 1 << 20)
+        await backend.update_weights(manifest)
+        return await task
+
+    switched = 0
+    for i, delay in enumerate([0.3, 0.15, 0.6, 0.05, 1.0]):
+        version = 5 + i
+        res = run(world, scenario(version, delay))
+        assert sender.result()[0] == "done"
+        tokens, spans = list(res.samples[0].token_ids), res.samples[0].versions
+        assert spans[-1].end == 480 and spans[0].start == 0
+        if len(spans) == 2:
+            (v0, _, k), (v1, k1, _) = [(x.version, x.start, x.end) for x in spans]
+            assert (v0, v1, k1) == (version - 1, version, k) and 0 < k < 480
+            assert tokens[:k] == H.hf_greedy(world["hf"][names[v0]], prompt, k)
+            assert tokens[k : k + 8] == H.hf_greedy(world["hf"][names[v1]], prompt + tokens[:k], 8)
+            switched += 1
+            break
+        assert len(spans) == 1
+        first = H.hf_greedy(world["hf"][names[spans[0].version]], prompt, 8)
+        assert tokens[:8] == first
+    assert switched == 1
+    # leave the engine on B at version 10, as the later tests expect
+    version = backend.weight_version
+    if names[version] != "B":
+        stats, (kind, _) = push(world, "B", version + 1, 1 << 20)
+        assert kind == "done"
+    assert names[backend.weight_version] == "B"
+
+
+def test_file_transport_update(world, tmp_path):
+    from safetensors.torch import load_file
+
+    from gateway.transport.file import FileSender
+
+    backend = world["backend"]
+    run(world, backend.connect_transport({"kind": "file", "root": str(tmp_path), "timeout_s": 30}))
+    state = load_file(str(world["B"] / "model.safetensors"))
+    m = Manifest.of(0, [(n, tuple(t.shape)) for n, t in state.items()], "float32", 1 << 16)
+    m = m.__class__(backend.weight_version + 1, m.tensors, m.bucket_bytes)
+    FileSender(tmp_path).send(m, state.items())
+    stats = run(world, backend.update_weights(m))
+    assert stats.version == m.version and backend.weight_version == m.version
+    for prompt in PROMPTS:
+        assert greedy(world, prompt)[0] == H.hf_greedy(world["hf"]["B"], prompt, 12)
+
+
+def test_sender_dying_mid_update_stops_serving_until_a_whole_version(world):
+    backend = world["backend"]
+    world["sender"].close()
+    world["sender"] = sender = H.Sender()
+    run(world, backend.connect_transport(_gloo(sender, timeout_s=10)))
+    version = backend.weight_version + 1
+    manifest = sender.offer("send_partial", world["A"], version, 4096)
+    with pytest.raises(Exception, match=f"receiving version {version} failed"):
+        run(world, backend.update_weights(manifest))
+    assert sender.result()[0] == "dying"
+    assert backend.weight_version is None
+    with pytest.raises(RuntimeError, match="no whole weight version"):
+        greedy(world, PROMPTS[0])
+    world["sender"] = sender = H.Sender()
+    run(world, backend.connect_transport(_gloo(sender)))
+    stats, (kind, rest) = push(world, "A", version + 1, 1 << 20)
+    assert kind == "done", rest
+    assert backend.weight_version == version + 1
+    for prompt in PROMPTS:
+        assert greedy(world, prompt)[0] == H.hf_greedy(world["hf"]["A"], prompt, 12)
+
+
+def _gloo(sender, timeout_s=120):
+    return {"kind": "gloo", "host": "127.0.0.1", "port": sender.port, "timeout_s": timeout_s}

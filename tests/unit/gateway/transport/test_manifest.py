@@ -1,0 +1,92 @@
+"""Manifest: bucket partition, byte layout, JSON round trip and the fit check."""
+
+import subprocess
+import sys
+
+import pytest
+
+from gateway.transport.manifest import (
+    ALIGN,
+    Manifest,
+    ManifestError,
+    TensorSpec,
+    bucket_layout,
+    check_manifest,
+)
+
+
+def _m(bucket_bytes: int = 100) -> Manifest:
+    # sizes in bytes: 40, 40, 200 (alone: larger than a bucket), 6, 8
+    return Manifest(
+        3,
+        (
+            TensorSpec("a", (10,), "float32"),
+            TensorSpec("b", (2, 5), "float32"),
+            TensorSpec("c", (50,), "float32"),
+            TensorSpec("d", (3,), "bfloat16"),
+            TensorSpec("e", (2,), "float32"),
+        ),
+        bucket_bytes,
+    )
+
+
+def test_buckets_are_greedy_and_big_tensors_travel_alone():
+    m = _m(100)
+    assert m.total_bytes == 40 + 40 + 200 + 6 + 8
+    assert m.buckets() == [[0, 1], [2], [3, 4]]
+    assert m.with_bucket_bytes(1).buckets() == [[0], [1], [2], [3], [4]]
+    assert m.with_bucket_bytes(10**6).buckets() == [[0, 1, 2, 3, 4]]
+
+
+def test_layout_aligns_every_tensor():
+    m = _m(100)
+    offsets, total = bucket_layout(m, [3, 4])
+    assert offsets == [0, ALIGN] and total == 2 * ALIGN
+    offsets, total = bucket_layout(m, [0, 1])
+    assert offsets == [0, 48] and total == 96
+
+
+def test_json_round_trip_is_canonical():
+    m = _m()
+    assert Manifest.from_json(m.to_json()) == m
+    assert Manifest.from_dict(m.to_dict()).to_json() == m.to_json()
+    with pytest.raises(ManifestError, match="malformed"):
+        Manifest.from_dict({"version": 1})
+
+
+def test_bad_manifests_are_refused():
+    with pytest.raises(ManifestError, match="repeated"):
+        Manifest(0, (TensorSpec("a", (1,), "float32"), TensorSpec("a", (2,), "float32")), 8)
+    with pytest.raises(ManifestError, match="dtype"):
+        TensorSpec("a", (1,), "float8")
+    with pytest.raises(ManifestError, match="version"):
+        Manifest(-1, (), 8)
+    with pytest.raises(ManifestError, match="bucket_bytes"):
+        Manifest(0, (), 0)
+
+
+def test_check_lists_every_problem():
+    m = _m()
+    expected = {t.name: (t.shape, t.dtype) for t in m.tensors}
+    check_manifest(m, expected)
+    expected.pop("e")
+    expected["z"] = ((1,), "float32")
+    expected["a"] = ((11,), "float32")
+    expected["b"] = ((2, 5), "bfloat16")
+    with pytest.raises(ManifestError) as err:
+        check_manifest(m, expected)
+    msg = str(err.value)
+    assert "unknown names ['e']" in msg
+    assert "missing names ['z']" in msg
+    assert "a: shape [10], expected [11]" in msg
+    assert "b: dtype float32, expected bfloat16" in msg
+
+
+def test_transport_modules_import_without_torch():
+    code = (
+        "import sys, gateway.transport.factory, gateway.transport.gloo, gateway.transport.file, "
+        "gateway.transport.nccl, gateway.transport.reshard; "
+        "bad = [m for m in ('torch', 'jax', 'vllm') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
