@@ -1,0 +1,276 @@
+"""The JAX engine behind the rollout backend seam (`rollout_engine.backend.RolloutBackend`).
+
+`generate` submits one group (G samples of one prompt) to the continuous batcher and awaits it;
+a dispatcher task hands finished samples to their groups. Weights arrive either through the
+data plane (`update_weights(manifest)`: HF-named tensors, mapped to JAX params by the family's
+mapping) or, when engine and trainer share one JAX program, as JAX params directly
+(`update_params`, the device-to-device path). Either way each replica switches at its next safe
+point, and every sample carries the version spans it was sampled with.
+
+The sampling settings (temperature, top-k, top-p) and the stop ids are compiled into the decode
+step, so they are engine settings: a request asking for others is refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import time
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from gateway.transport.base import TransferError
+from gateway.transport.manifest import Manifest, check_manifest
+from rollout_engine.backend import (
+    GroupResult,
+    RolloutBackend,
+    Sample,
+    SamplingConfig,
+    UpdateStats,
+    VersionSpan,
+)
+from rollout_engine.jax.batcher import BatcherConfig
+from rollout_engine.jax.engine import EngineConfig, JaxEngine
+from rollout_engine.jax.sampling import SamplingConfig as JaxSampling
+from rollout_engine.jax.stops import StopConfig
+from rollout_engine.jax.types import Request, SampleResult
+from rollout_engine.vllm.expected import checkpoint_tensors
+
+
+@dataclasses.dataclass(frozen=True)
+class JaxBackendConfig:
+    """How to start the JAX engine.
+
+    Attributes:
+        model: HF checkpoint folder. dtype: compute and param dtype ("float32", "bfloat16").
+        num_slots: samples decoded together per replica. max_model_len: positions per slot.
+        prefill_batch, steps_per_call: see ``BatcherConfig``.
+        replicas, devices_per_replica: see ``EngineConfig``.
+        temperature, top_k, top_p: the sampling every request must ask for (top_k <= 0 and
+            top_p >= 1 are off).
+        stop_token_ids: extra ids that end a sample besides the model's EOS ids.
+        seed: base seed. initial_version: the version the checkpoint counts as.
+    """
+
+    model: str
+    dtype: str = "float32"
+    num_slots: int = 32
+    max_model_len: int = 2048
+    prefill_batch: int = 8
+    steps_per_call: int = 64
+    replicas: int = 1
+    devices_per_replica: int = 1
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int = 0
+    initial_version: int = 0
+
+
+class JaxBackend(RolloutBackend):
+    """`RolloutBackend` over :class:`JaxEngine` (see the module docstring)."""
+
+    def __init__(self, cfg: JaxBackendConfig) -> None:
+        self.cfg = cfg
+        self.engine: JaxEngine | None = None
+        self._expected = checkpoint_tensors(cfg.model, cfg.dtype)
+        self._version: int | None = cfg.initial_version
+        self._groups: dict[str, tuple[asyncio.Future, list[SampleResult | None], list[int]]] = {}
+        self._ids = itertools.count()
+        self._dispatcher: asyncio.Task | None = None
+        self._receiver: Any = None
+        self._model_cfg: Any = None
+
+    @property
+    def weight_version(self) -> int | None:
+        """The version handed to the engine last (served from each replica's next safe point)."""
+        return self._version
+
+    @property
+    def expected_tensors(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """name -> (full shape, dtype) every manifest must list exactly."""
+        return dict(self._expected)
+
+    async def start(self) -> None:
+        """Load the checkpoint, start the replicas and the dispatcher."""
+        from trainer.checkpoints.hf_io import load_hf_checkpoint
+
+        c = self.cfg
+        model_cfg, model = await asyncio.to_thread(load_hf_checkpoint, c.model, dtype=c.dtype)
+        self._model_cfg = model_cfg
+        eos = tuple(dict.fromkeys((*model_cfg.eos_token_ids, *c.stop_token_ids)))
+        if not eos:
+            raise ValueError(f"{c.model} names no eos_token_id and no stop_token_ids were given")
+        ecfg = EngineConfig(
+            BatcherConfig(
+                num_slots=c.num_slots,
+                max_len=c.max_model_len,
+                prefill_batch=c.prefill_batch,
+                steps_per_call=c.steps_per_call,
+                seed=c.seed,
+            ),
+            JaxSampling(temperature=c.temperature, top_k=max(c.top_k, 0), top_p=c.top_p),
+            StopConfig(eos_ids=eos, pad_id=eos[0]),
+            replicas=c.replicas,
+            devices_per_replica=c.devices_per_replica,
+        )
+        params = nnx.split(model)[1]
+        self.engine = JaxEngine(model_cfg, params, ecfg, version=c.initial_version)
+        self._dispatcher = asyncio.create_task(self._dispatch())
+
+    def _check_sampling(self, s: SamplingConfig) -> None:
+        c = self.cfg
+        ours = (c.temperature, max(c.top_k, 0), min(c.top_p, 1.0))
+        theirs = (s.temperature, max(s.top_k, 0), min(s.top_p, 1.0))
+        if ours != theirs:
+            raise ValueError(
+                f"the JAX engine samples with (temperature, top_k, top_p) = {ours}; "
+                f"the request asks for {theirs}"
+            )
+        if s.ignore_eos:
+            raise ValueError("the JAX engine cannot ignore EOS per request (ignore_eos=True)")
+        extra = set(s.stop_token_ids) - set(self.engine.stops.eos_ids if self.engine else ())
+        if extra:
+            raise ValueError(
+                f"stop ids {sorted(extra)} are not engine stop ids; set them in config"
+            )
+
+    async def generate(
+        self, prompt_id: str, prompt_token_ids: list[int], sampling: SamplingConfig
+    ) -> GroupResult:
+        """See `RolloutBackend.generate`. ``max_tokens`` counts the forced EOS at the limit."""
+        if self.engine is None:
+            raise RuntimeError("the backend is not started")
+        if self._version is None:
+            raise RuntimeError("engine holds no whole weight version (a failed update)")
+        if not prompt_token_ids:
+            raise ValueError(f"prompt {prompt_id!r} is empty")
+        self._check_sampling(sampling)
+        key = f"{prompt_id}#{next(self._ids)}"
+        request = Request(
+            key, tuple(prompt_token_ids), sampling.n, sampling.max_tokens, sampling.seed
+        )
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._groups[key] = (future, [None] * sampling.n, [sampling.n])
+        try:
+            self.engine.submit([request])
+        except BaseException:
+            self._groups.pop(key)
+            raise
+        samples: list[SampleResult] = await future
+        return GroupResult(prompt_id, tuple(prompt_token_ids), tuple(map(_sample, samples)))
+
+    async def _dispatch(self) -> None:
+        assert self.engine is not None
+        while True:
+            try:
+                results = await asyncio.to_thread(self.engine.poll, 0.05)
+            except Exception as e:  # a replica failed: fail every waiting group
+                for future, _, _ in self._groups.values():
+                    if not future.done():
+                        future.set_exception(e)
+                self._groups.clear()
+                return
+            for r in results:
+                entry = self._groups.get(str(r.prompt_id))
+                if entry is None:
+                    continue
+                future, slots, left = entry
+                slots[r.sample_index] = r
+                left[0] -= 1
+                if left[0] == 0:
+                    self._groups.pop(str(r.prompt_id))
+                    if not future.done():
+                        future.set_result(slots)
+
+    async def connect_transport(
+        self, transport: dict[str, Any], rank_offset: int = 1, world_size: int | None = None
+    ) -> None:
+        """Join the data plane as receiver ``rank_offset`` of ``world_size`` (default 2)."""
+        from pydantic import TypeAdapter
+
+        from gateway.transport.config import TransportConfig
+        from gateway.transport.factory import make_receiver
+
+        cfg = TypeAdapter(TransportConfig).validate_python(transport)
+        self._receiver = await asyncio.to_thread(make_receiver, cfg, rank_offset, world_size or 2)
+
+    async def update_weights(self, manifest: Manifest) -> UpdateStats:
+        """Receive HF-named tensors, map them to JAX params, hand them to every replica.
+
+        Decoding goes on while the tensors arrive (the old params stay in use until the
+        replicas' next safe point), so nothing pauses.
+
+        Raises:
+            ManifestError: the manifest does not fit the model (checked before any transfer;
+                the engine keeps its version). TransferError: the transfer failed.
+            RuntimeError: not started or no transport connected.
+        """
+        from mappings.apply import checkpoint_to_params
+        from mappings.registry import get_family
+        from trainer.models.params import model_from_params
+
+        if self._receiver is None or self.engine is None:
+            raise RuntimeError("call start() and connect_transport() before update_weights")
+        t0 = time.perf_counter()
+        try:
+            check_manifest(manifest, self._expected)
+        except ValueError as e:  # tell the sender, then raise the ManifestError itself
+            with contextlib.suppress(TransferError):
+                self._receiver.refuse(str(e))
+            raise
+        host: dict[str, np.ndarray] = {}
+
+        def on_bucket(bucket: list) -> None:
+            for name, tensor in bucket:  # the buffer is reused after the callback: copy
+                host[name] = tensor.detach().to("cpu").float().numpy().copy()
+
+        await asyncio.to_thread(self._receiver.receive, manifest, on_bucket)
+        t1 = time.perf_counter()
+        cfg = self._model_cfg
+        target = jnp.dtype(cfg.param_dtype)  # bfloat16 too (ml_dtypes)
+        family = get_family(cfg.family)
+        loaded = {}
+        for rule, array in checkpoint_to_params(family, cfg, host.__getitem__, set(host)):
+            loaded[rule.jax] = jnp.asarray(array.astype(target))
+        model = model_from_params(cfg, loaded)
+        self.update_params(nnx.split(model)[1], manifest.version)
+        t2 = time.perf_counter()
+        phases = {"transfer": t1 - t0, "load": t2 - t1, "total": t2 - t0}
+        return UpdateStats(manifest.version, manifest.total_bytes, 0.0, t2 - t0, phases)
+
+    def update_params(self, params: nnx.State, version: int) -> None:
+        """The in-process path: JAX params (``nnx.split(decoder)[1]``) of ``version``."""
+        if self.engine is None:
+            raise RuntimeError("the backend is not started")
+        self.engine.update_weights(params, version)
+        self._version = version
+
+    async def shutdown(self) -> None:
+        """Stop the dispatcher and the replicas."""
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
+            self._dispatcher = None
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+        if self._receiver is not None:
+            self._receiver.close()
+            self._receiver = None
+
+
+def _sample(r: SampleResult) -> Sample:
+    """The seam's `Sample` from one engine result."""
+    spans = tuple(VersionSpan(v, s, e) for v, s, e in r.weight_versions)
+    return Sample(
+        tuple(int(t) for t in r.tokens),
+        tuple(float(x) for x in r.logprobs),
+        r.finish_reason,
+        spans,
+    )

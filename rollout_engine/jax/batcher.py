@@ -1,0 +1,309 @@
+"""Continuous batching on one replica: a queue of samples, B slots, prefill on demand.
+
+The host side of the seed write-up "Async RL in Pure JAX" (``continuous_batch``), reorganised:
+- samples wait in a FIFO queue; a prompt is prefilled (with up to ``prefill_batch`` next prompts,
+  in one bucketed call) when its first sample is about to enter a slot, and its prefill is dropped
+  when its last sample entered or when the weights change, so every sample starts from a prefill
+  made with the weights current at its insertion;
+- each :meth:`ContinuousBatcher.step` applies pending weights (a safe point), fills every free
+  slot, runs the compiled decode loop until a slot finishes (or ``steps_per_call`` steps), and
+  collects every finished slot at once; the in-flight slots carry over to the next call and to
+  the next requests, so no straggler batch idles the device.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from collections.abc import Sequence
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rollout_engine.jax.decode import make_decode_loop
+from rollout_engine.jax.insert import make_insert
+from rollout_engine.jax.prefill import PrefillBatch, Prefiller
+from rollout_engine.jax.sampling import SamplingConfig
+from rollout_engine.jax.state import SlotState, init_slots
+from rollout_engine.jax.stops import StopConfig
+from rollout_engine.jax.types import FINISH_REASONS, Request, SampleResult
+from trainer.models.config import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class BatcherConfig:
+    """Sizes of one replica.
+
+    Attributes:
+        num_slots: B, samples decoded together (a multiple of the data-parallel device count).
+        max_len: S, cache positions per slot: prompt plus ``max_new_tokens - 1`` must fit.
+        prefill_batch: prompts prefilled together (padded to a power of two).
+        steps_per_call: most decode steps between two safe points.
+        min_prompt_bucket: smallest prompt length bucket.
+        seed: base seed of the sample keys.
+    """
+
+    num_slots: int = 8
+    max_len: int = 512
+    prefill_batch: int = 4
+    steps_per_call: int = 64
+    min_prompt_bucket: int = 16
+    seed: int = 0
+
+
+@dataclasses.dataclass
+class _Pending:
+    request: Request
+    index: int
+    key_data: np.ndarray  # [2] uint32
+
+
+@dataclasses.dataclass
+class _Slot:
+    request: Request
+    index: int
+    spans: list[tuple[int, int]]  # (version, first token index)
+
+
+def sample_keys(seed: int, request: Request) -> np.ndarray:
+    """``[G, 2]`` uint32 raw keys of a request's samples: ``fold_in(fold_in(key(seed), s), g)``."""
+    base = jax.random.fold_in(jax.random.key(seed), request.seed_value)
+    keys = jax.vmap(lambda g: jax.random.fold_in(base, g))(jnp.arange(request.num_samples))
+    return np.asarray(jax.random.key_data(keys), np.uint32)
+
+
+class ContinuousBatcher:
+    """One replica's scheduler over its B slots. Not thread-safe: one thread drives it.
+
+    Args:
+        model_cfg: the model. graphdef, params: ``nnx.split(decoder)``; params already placed
+            on the replica's devices (replicated over ``mesh`` in the sharded mode).
+        cfg: sizes. sampling, stops: static settings.
+        mesh: for the data-parallel mode, a 1-D mesh (axis ``"data"``) over which slots shard.
+        version: the weight version of ``params``. replica: index stamped on the results.
+    """
+
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        graphdef: nnx.GraphDef,
+        params: nnx.State,
+        cfg: BatcherConfig,
+        sampling: SamplingConfig,
+        stops: StopConfig,
+        *,
+        mesh: jax.sharding.Mesh | None = None,
+        version: int = 0,
+        replica: int = 0,
+    ):
+        if mesh is not None and cfg.num_slots % mesh.size:
+            raise ValueError(
+                f"num_slots {cfg.num_slots} must be a multiple of the {mesh.size} devices"
+            )
+        self.cfg, self.sampling, self.stops = cfg, sampling, stops
+        self.params, self.version, self.replica = params, version, replica
+        self._pending_weights: tuple[nnx.State, int] | None = None
+        self._weights_lock = threading.Lock()  # update_weights may come from another thread
+        self.mesh = mesh
+        repl = None if mesh is None else jax.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        self.prefiller = Prefiller(
+            graphdef,
+            model_cfg,
+            pad_id=stops.pad_id,
+            min_len=cfg.min_prompt_bucket,
+            max_len=cfg.max_len,
+            batch=cfg.prefill_batch,
+            out_sharding=repl,
+        )
+        self._loop = make_decode_loop(graphdef, sampling, stops)
+        self._insert = make_insert(
+            capacity=cfg.max_len,
+            marker_len=stops.marker_len,
+            sampling=sampling,
+            stops=stops,
+            mesh=mesh,
+        )
+        state = init_slots(
+            model_cfg,
+            num_slots=cfg.num_slots,
+            max_len=cfg.max_len,
+            capacity=cfg.max_len,
+            marker_len=stops.marker_len,
+            pad_id=stops.pad_id,
+        )
+        if mesh is not None:
+            state = jax.device_put(
+                state, jax.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+            )
+        else:
+            leaf = jax.tree.leaves(params)[0]
+            if isinstance(leaf, jax.Array):  # the replica's device is where its params are
+                state = jax.device_put(state, next(iter(leaf.devices())))
+        self.state: SlotState = state
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self._prefills: dict[int, tuple[PrefillBatch, int]] = {}  # id(request) -> (batch, row)
+        self._slots: list[_Slot | None] = [None] * cfg.num_slots
+        self.decode_steps = 0
+
+    # ---- queue -----------------------------------------------------------------------------
+    def submit(self, requests: Sequence[Request]) -> None:
+        """Queue every sample of ``requests``.
+
+        Raises:
+            ValueError: a prompt plus ``max_new_tokens - 1`` longer than ``max_len``.
+        """
+        for r in requests:
+            need = len(r.prompt) + r.max_new_tokens - 1
+            if need > self.cfg.max_len:
+                raise ValueError(
+                    f"request {r.prompt_id!r} needs {need} positions (prompt {len(r.prompt)} + "
+                    f"max_new_tokens {r.max_new_tokens} - 1), more than max_len={self.cfg.max_len}"
+                )
+        for r in requests:
+            keys = sample_keys(self.cfg.seed, r)
+            self._queue.extend(_Pending(r, g, keys[g]) for g in range(r.num_samples))
+
+    @property
+    def queued(self) -> int:
+        """Samples waiting for a slot."""
+        return len(self._queue)
+
+    @property
+    def in_flight(self) -> int:
+        """Slots holding a sample."""
+        return sum(s is not None for s in self._slots)
+
+    def idle(self) -> bool:
+        """True when nothing is queued or in flight."""
+        return not self._queue and self.in_flight == 0
+
+    # ---- weights ---------------------------------------------------------------------------
+    def update_weights(self, params: nnx.State, version: int) -> None:
+        """Use ``params`` from the next safe point on (no copy when already on our devices).
+
+        Thread-safe; when several arrive between two safe points, the last one wins.
+        """
+        with self._weights_lock:
+            self._pending_weights = (params, version)
+
+    def _apply_weights(self) -> None:
+        with self._weights_lock:
+            pending, self._pending_weights = self._pending_weights, None
+        if pending is None:
+            return
+        params, version = pending
+        self.params, self.version = params, version
+        self._prefills.clear()
+        running = [i for i, s in enumerate(self._slots) if s is not None]
+        if running:
+            gen_len = np.asarray(self.state.gen_len)
+            for i in running:
+                slot = self._slots[i]
+                assert slot is not None
+                slot.spans.append((version, int(gen_len[i])))
+
+    # ---- one scheduling round --------------------------------------------------------------
+    def step(self) -> list[SampleResult]:
+        """Safe point, fill free slots, decode until a slot finishes, collect finished samples."""
+        self._apply_weights()
+        self._fill()
+        if self.in_flight == 0:
+            return []
+        self.state, steps = self._loop(self.params, self.state, jnp.int32(self.cfg.steps_per_call))
+        self.decode_steps += int(steps)
+        return self._collect()
+
+    def run_until_idle(self) -> list[SampleResult]:
+        """Step until every queued and in-flight sample is done; returns them all."""
+        out: list[SampleResult] = []
+        while not self.idle():
+            out.extend(self.step())
+        return out
+
+    def _fill(self) -> None:
+        free = [i for i, s in enumerate(self._slots) if s is None]
+        take = [self._queue.popleft() for _ in range(min(len(free), len(self._queue)))]
+        if not take:
+            return
+        self._prefill_for(take)
+        groups: dict[int, list[tuple[int, _Pending]]] = {}
+        for slot, p in zip(free, take, strict=False):
+            batch, _ = self._prefills[id(p.request)]
+            groups.setdefault(id(batch), []).append((slot, p))
+            self._slots[slot] = _Slot(p.request, p.index, [(self.version, 0)])
+        b = self.cfg.num_slots
+        for members in groups.values():  # one insertion per prefill batch, n = B rows (padded)
+            batch = self._prefills[id(members[0][1].request)][0]
+            slots = np.full(b, b, np.int32)
+            rows = np.zeros(b, np.int32)
+            keys = np.zeros((b, 2), np.uint32)
+            max_new = np.ones(b, np.int32)
+            for j, (slot, p) in enumerate(members):
+                slots[j], rows[j] = slot, self._prefills[id(p.request)][1]
+                keys[j], max_new[j] = p.key_data, p.request.max_new_tokens
+            self.state = self._insert(self.state, batch, slots, rows, keys, max_new)
+        for p in take:  # a prompt's prefill is dropped once its last sample is in a slot
+            if p.index == p.request.num_samples - 1:  # samples queue in index order
+                self._prefills.pop(id(p.request), None)
+
+    def _prefill_for(self, take: list[_Pending]) -> None:
+        needed = list(dict.fromkeys(p.request for p in take if id(p.request) not in self._prefills))
+        if not needed:
+            return
+        ahead = [q.request for q in self._queue if id(q.request) not in self._prefills]
+        for r in ahead:
+            if len(needed) >= self.cfg.prefill_batch:
+                break
+            if r not in needed:
+                needed.append(r)
+        size = self.cfg.prefill_batch
+        for start in range(0, len(needed), size):
+            chunk = needed[start : start + size]
+            batch = self.prefiller(self.params, [r.prompt for r in chunk])
+            for row, r in enumerate(chunk):
+                self._prefills[id(r)] = (batch, row)
+
+    def _collect(self) -> list[SampleResult]:
+        self.state, fetched = _collect_and_release(self.state)
+        mask, tokens, logprobs, lengths, reasons = jax.device_get(fetched)
+        done = np.flatnonzero(mask)
+        out = []
+        for i in done:
+            slot = self._slots[i]
+            assert slot is not None
+            self._slots[i] = None
+            n = int(lengths[i])
+            bounds = [s for _, s in slot.spans[1:]] + [n]
+            spans = [(v, s, e) for (v, s), e in zip(slot.spans, bounds, strict=True) if e > s]
+            out.append(
+                SampleResult(
+                    prompt_id=slot.request.prompt_id,
+                    sample_index=slot.index,
+                    tokens=tokens[i, :n].astype(np.int32),
+                    logprobs=logprobs[i, :n].astype(np.float32),
+                    finish_reason=FINISH_REASONS[int(reasons[i])],
+                    weight_versions=spans,
+                    replica=self.replica,
+                )
+            )
+        return out
+
+
+@partial(jax.jit, donate_argnums=(0,))
+def _collect_and_release(state: SlotState) -> tuple[SlotState, tuple[jax.Array, ...]]:
+    """Copy out the finished slots' rows and mark those slots free, in one compiled call.
+
+    Returns the state and ``(done [B] bool, out_tokens [B, C], out_logprobs [B, C],
+    gen_len [B], reason [B])``; only rows with ``done`` are meaningful.
+    """
+    done = state.active & state.finished
+    fetched = (done, state.out_tokens, state.out_logprobs, state.gen_len, state.reason)
+    fetched = jax.tree.map(jnp.copy, fetched)  # outputs must not alias the donated state
+    released = dataclasses.replace(
+        state, active=state.active & ~done, finished=state.finished & ~done
+    )
+    return released, fetched

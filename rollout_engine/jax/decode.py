@@ -1,0 +1,115 @@
+"""One decode step over all slots, and the compiled loop that runs steps until a sample finishes.
+
+Legend: B slots, V vocabulary, C completion capacity.
+
+After the seed write-up "Async RL in Pure JAX" (``decode`` and ``_decode_single_loop``): the
+state is donated so the KV cache is updated in place; the loop returns to the host as soon as any
+slot finishes (or after ``max_steps``, a safe point for weight updates), and the host collects
+every finished slot at once rather than one per return.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rollout_engine.jax.sampling import SamplingConfig, sample
+from rollout_engine.jax.state import SlotState
+from rollout_engine.jax.stops import RUNNING, StopConfig, decide
+
+
+def step_keys(key_data: jax.Array, index: jax.Array) -> jax.Array:
+    """``[B]`` typed keys drawing token number ``index[b]`` (0-based) of each sample.
+
+    Args:
+        key_data: ``[B, 2]`` uint32 raw sample keys. index: ``[B]`` int32.
+    """
+    keys = jax.random.wrap_key_data(key_data)
+    return jax.vmap(jax.random.fold_in)(keys, index)
+
+
+def decode_step(
+    model: nnx.Module, state: SlotState, sampling: SamplingConfig, stops: StopConfig
+) -> SlotState:
+    """Feed each slot's last token, sample the next one, apply the stop rules, write it out.
+
+    Slots that are inactive or finished are computed (the batch is static) but left unchanged,
+    except for a harmless cache write at their frozen position.
+
+    Args:
+        model: a ``trainer.models.decoder.Decoder`` (``model(tokens, positions, cache)``).
+        state: the slot state; sampling, stops: static settings.
+
+    Returns:
+        The next state.
+    """
+    with jax.named_scope("forward"):
+        logits, cache = model(state.last[:, None], state.pos[:, None], state.cache)  # [B, 1, V]
+    with jax.named_scope("sample"):
+        tokens, logprobs = sample(logits[:, 0], step_keys(state.key_data, state.gen_len), sampling)
+    running = state.active & ~state.finished
+    with jax.named_scope("stops"):
+        d = decide(
+            tokens,
+            logprobs,
+            gen_len=state.gen_len,
+            max_new=state.max_new,
+            finished=~running,
+            think_done=state.think_done,
+            history=state.history,
+            cfg=stops,
+        )
+    rows = jnp.arange(state.num_slots)
+    col = jnp.where(running, state.gen_len, state.capacity)  # out of range -> dropped
+    ended = running & (d.reason != RUNNING)
+    return SlotState(
+        cache=cache,
+        last=jnp.where(running, d.tokens, state.last),
+        pos=state.pos + running,
+        gen_len=state.gen_len + running,
+        max_new=state.max_new,
+        out_tokens=state.out_tokens.at[rows, col].set(d.tokens, mode="drop"),
+        out_logprobs=state.out_logprobs.at[rows, col].set(d.logprobs, mode="drop"),
+        finished=state.finished | ended,
+        reason=jnp.where(ended, d.reason, state.reason),
+        think_done=jnp.where(running, d.think_done, state.think_done),
+        history=jnp.where(running[:, None], d.history, state.history),
+        key_data=state.key_data,
+        active=state.active,
+    )
+
+
+def _loop(
+    graphdef: nnx.GraphDef,
+    sampling: SamplingConfig,
+    stops: StopConfig,
+    params: nnx.State,
+    state: SlotState,
+    max_steps: jax.Array,
+) -> tuple[SlotState, jax.Array]:
+    model = nnx.merge(graphdef, params)
+
+    def cond(carry: tuple[SlotState, jax.Array]) -> jax.Array:
+        s, n = carry
+        waiting = jnp.any(s.active & s.finished)
+        running = jnp.any(s.active & ~s.finished)
+        return (n < max_steps) & ~waiting & running
+
+    def body(carry: tuple[SlotState, jax.Array]) -> tuple[SlotState, jax.Array]:
+        s, n = carry
+        return decode_step(model, s, sampling, stops), n + 1
+
+    return jax.lax.while_loop(cond, body, (state, jnp.int32(0)))
+
+
+def make_decode_loop(graphdef: nnx.GraphDef, sampling: SamplingConfig, stops: StopConfig):
+    """Compile ``loop(params, state, max_steps) -> (state, steps)``; ``state`` is donated.
+
+    The loop runs decode steps while no active slot is finished, some slot is running and fewer
+    than ``max_steps`` (int32 scalar) steps ran; ``steps`` is the int32 number of steps taken.
+    Shardings follow the inputs (a batch-sharded state gives a data-parallel loop).
+    """
+    return jax.jit(partial(_loop, graphdef, sampling, stops), donate_argnums=(1,))

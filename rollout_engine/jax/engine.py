@@ -1,0 +1,242 @@
+"""The JAX rollout engine: replicas over device groups, each driven by its own thread.
+
+After the seed write-up "Async RL in Pure JAX" (one replica per device group, one thread each,
+no communication between replicas). Replicas pull whole requests from one shared inbox while
+their own queue holds fewer samples than slots (work stealing, so a slow replica takes less);
+each request's G samples stay on one replica and share one prefill. A replica of several
+devices shards its slots over them (the data-parallel mode, see ``insert.sharded_scatter_rows``).
+
+Public API: ``JaxEngine(model_cfg, params, cfg)``, ``generate(requests) -> results``,
+``submit`` / ``poll`` for streaming, ``update_weights(params, version)``, ``close()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+from collections.abc import Hashable, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from rollout_engine.jax.batcher import BatcherConfig, ContinuousBatcher
+from rollout_engine.jax.sampling import SamplingConfig
+from rollout_engine.jax.stops import StopConfig
+from rollout_engine.jax.types import Request, SampleResult
+from trainer.models.config import ModelConfig
+from trainer.models.decoder import Decoder
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Settings of the engine.
+
+    Attributes:
+        batcher: sizes of each replica (``num_slots`` counts all slots of a replica).
+        sampling: temperature / top-k / top-p. stops: EOS ids, pad id, reasoning budget;
+            ``None`` takes the model's ``eos_token_ids`` and pad 0.
+        replicas: number of replicas (threads).
+        devices_per_replica: devices of one replica; above 1 its slots shard over them.
+    """
+
+    batcher: BatcherConfig = dataclasses.field(default_factory=BatcherConfig)
+    sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
+    stops: StopConfig | None = None
+    replicas: int = 1
+    devices_per_replica: int = 1
+
+
+def decoder_graphdef(model_cfg: ModelConfig) -> nnx.GraphDef:
+    """The graph definition of ``Decoder(model_cfg)``, built abstractly (no memory)."""
+    abstract = nnx.eval_shape(lambda: Decoder(model_cfg, rngs=nnx.Rngs(0)))
+    return nnx.split(abstract)[0]
+
+
+class JaxEngine:
+    """Replicas of the continuous batcher behind one inbox and one outbox.
+
+    Args:
+        model_cfg: the model config. params: the ``nnx.State`` of a ``Decoder`` (``nnx.split``).
+        cfg: engine settings. version: weight version of ``params``.
+        devices: devices to use (default ``jax.devices()``); replica r takes
+            ``devices[r·d : (r+1)·d]`` with ``d = cfg.devices_per_replica``.
+
+    Raises:
+        ValueError: fewer devices than ``replicas · devices_per_replica``, or a model with no
+            EOS id while ``cfg.stops`` is None.
+    """
+
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        params: nnx.State,
+        cfg: EngineConfig,
+        *,
+        version: int = 0,
+        devices: Sequence[jax.Device] | None = None,
+    ):
+        devices = list(devices if devices is not None else jax.devices())
+        d, r = cfg.devices_per_replica, cfg.replicas
+        if r < 1 or d < 1 or len(devices) < r * d:
+            raise ValueError(
+                f"{r} replicas of {d} devices need {r * d} devices, got {len(devices)}"
+            )
+        stops = cfg.stops
+        if stops is None:
+            if not model_cfg.eos_token_ids:
+                raise ValueError("the model config has no eos_token_ids; pass EngineConfig.stops")
+            stops = StopConfig(eos_ids=tuple(model_cfg.eos_token_ids))
+        self.cfg, self.stops = cfg, stops
+        graphdef = decoder_graphdef(model_cfg)
+        self._shardings = []
+        self._batchers: list[ContinuousBatcher] = []
+        for i in range(r):
+            group = devices[i * d : (i + 1) * d]
+            mesh = Mesh(np.array(group), ("data",)) if d > 1 else None
+            sharding = NamedSharding(mesh, P()) if mesh is not None else group[0]
+            self._shardings.append(sharding)
+            self._batchers.append(
+                ContinuousBatcher(
+                    model_cfg,
+                    graphdef,
+                    jax.device_put(params, sharding),
+                    cfg.batcher,
+                    cfg.sampling,
+                    stops,
+                    mesh=mesh,
+                    version=version,
+                    replica=i,
+                )
+            )
+        self._inbox: queue.Queue[Request] = queue.Queue()
+        self._outbox: queue.Queue[SampleResult] = queue.Queue()
+        self._stash: list[SampleResult] = []
+        self._stop = threading.Event()
+        self._errors: list[BaseException] = []
+        self._threads = [
+            threading.Thread(target=self._run, args=(b,), name=f"jax-replica-{i}", daemon=True)
+            for i, b in enumerate(self._batchers)
+        ]
+        for t in self._threads:
+            t.start()
+
+    @property
+    def replicas(self) -> list[ContinuousBatcher]:
+        """The replicas' batchers (for metrics: ``decode_steps``, ``prefiller.buckets``)."""
+        return self._batchers
+
+    def _run(self, batcher: ContinuousBatcher) -> None:
+        try:
+            while not self._stop.is_set():
+                pulled: list[Request] = []
+                want = batcher.cfg.num_slots - batcher.queued  # keep one slot-load queued
+                while want > 0:
+                    wait = batcher.idle() and not pulled
+                    try:
+                        r = self._inbox.get(timeout=0.02) if wait else self._inbox.get_nowait()
+                    except queue.Empty:
+                        break
+                    pulled.append(r)
+                    want -= r.num_samples
+                if pulled:
+                    batcher.submit(pulled)
+                for result in batcher.step():
+                    self._outbox.put(result)
+        except BaseException as e:  # surfaced by generate/poll
+            self._errors.append(e)
+            self._stop.set()
+
+    def _check(self) -> None:
+        if self._errors:
+            raise RuntimeError("a JAX engine replica failed") from self._errors[0]
+
+    def submit(self, requests: Sequence[Request]) -> None:
+        """Queue requests; their samples come back through :meth:`poll` or :meth:`generate`.
+
+        Raises:
+            ValueError: a request too long for the slots (checked here, not in the thread).
+        """
+        self._check()
+        limit = self.cfg.batcher.max_len
+        for r in requests:
+            if len(r.prompt) + r.max_new_tokens - 1 > limit:
+                raise ValueError(
+                    f"request {r.prompt_id!r} needs {len(r.prompt) + r.max_new_tokens - 1} "
+                    f"positions, more than max_len={limit}"
+                )
+        for r in requests:
+            self._inbox.put(r)
+
+    def poll(self, timeout: float = 0.0) -> list[SampleResult]:
+        """The samples finished so far (waits up to ``timeout`` seconds for the first one)."""
+        self._check()
+        out, self._stash = self._stash, []
+        try:
+            if not out and timeout > 0:
+                out.append(self._outbox.get(timeout=timeout))
+            while True:
+                out.append(self._outbox.get_nowait())
+        except queue.Empty:
+            pass
+        return out
+
+    def generate(self, requests: Sequence[Request], timeout: float = 600.0) -> list[SampleResult]:
+        """Complete ``requests`` and return their samples, ordered by request then sample index.
+
+        Samples of other (streamed) requests that finish meanwhile are kept for :meth:`poll`.
+
+        Raises:
+            ValueError: duplicate prompt ids. TimeoutError: not done within ``timeout`` seconds.
+        """
+        ids = [r.prompt_id for r in requests]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"prompt ids must be unique within a call, got {ids}")
+        want: dict[tuple[Hashable, int], int] = {}
+        for i, r in enumerate(requests):
+            for g in range(r.num_samples):
+                want[(r.prompt_id, g)] = i
+        self.submit(requests)
+        got: dict[tuple[Hashable, int], SampleResult] = {}
+        deadline = time.monotonic() + timeout
+        while len(got) < len(want):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(got)} of {len(want)} samples after {timeout} s")
+            self._check()
+            try:
+                res = self._outbox.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            key = (res.prompt_id, res.sample_index)
+            if key in want and key not in got:
+                got[key] = res
+            else:
+                self._stash.append(res)
+        return sorted(
+            got.values(), key=lambda s: (want[(s.prompt_id, s.sample_index)], s.sample_index)
+        )
+
+    def update_weights(self, params: nnx.State, version: int) -> None:
+        """Hand new weights to every replica; each switches at its next safe point.
+
+        Arrays already on a replica's devices with its sharding are referenced, not copied
+        (``jax.device_put`` to the same sharding returns the same buffers).
+        """
+        for batcher, sharding in zip(self._batchers, self._shardings, strict=True):
+            batcher.update_weights(jax.device_put(params, sharding), version)
+
+    def close(self) -> None:
+        """Stop the replica threads (in-flight samples are dropped)."""
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=30)
+
+    def __enter__(self) -> JaxEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

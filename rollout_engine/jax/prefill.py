@@ -1,0 +1,138 @@
+"""Prefill: one forward pass over a right-padded prompt batch, compiled once per shape bucket.
+
+Legend: P prompts (padded to a power of two), T prompt length bucket (a power of two), V vocab,
+D model width.
+
+After the seed write-up "Async RL in Pure JAX" (prefill bucketed to powers of two, so at most
+log2(max_len) compilations per batch size, memoised), with one change: the LM head runs on the
+last real token of each prompt only, giving the logits of the first completion token, which the
+slot substitution samples (G times per prompt, from one prefill).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from trainer.models.config import ModelConfig
+from trainer.models.kv_cache import KVCache
+
+
+def next_pow2(n: int, minimum: int = 1) -> int:
+    """The smallest power of two ``>= max(n, minimum)``."""
+    n = max(int(n), int(minimum), 1)
+    return 1 << (n - 1).bit_length()
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class PrefillBatch:
+    """A prefilled prompt batch, ready to be substituted into slots.
+
+    Attributes:
+        cache: per layer ``[P, T, K, H]``; positions ``>= lengths[p]`` of row p hold garbage.
+        last_logits: ``[P, V]`` float32, the logits after the last real token of each prompt.
+        lengths: ``[P]`` int32, the prompt lengths (1 for padding rows).
+    """
+
+    cache: KVCache
+    last_logits: jax.Array
+    lengths: jax.Array
+
+
+def _prefill(
+    graphdef: nnx.GraphDef,
+    cfg: ModelConfig,
+    params: nnx.State,
+    tokens: jax.Array,
+    lengths: jax.Array,
+) -> PrefillBatch:
+    model = nnx.merge(graphdef, params)
+    p, t = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (p, t))
+    with jax.named_scope("prefill"):
+        hidden, cache = model.hidden(tokens, positions, KVCache.init(cfg, p, t))  # [P, T, D]
+    last = hidden[jnp.arange(p), lengths - 1]  # [P, D]
+    return PrefillBatch(cache=cache, last_logits=model.logits(last), lengths=lengths)
+
+
+class Prefiller:
+    """Pads prompts into (P, T) power-of-two buckets and runs the compiled prefill of the bucket.
+
+    Args:
+        graphdef: ``nnx.split(decoder)[0]``. cfg: the model config.
+        pad_id: token used for padding. min_len: smallest T bucket. max_len: largest T (a slot's
+            cache length S; a bucket is clamped to it). batch: most prompts per call; every
+            call is padded to P = next_pow2(batch) rows, so only T varies between compilations.
+        out_sharding: optional sharding of every output (e.g. replicated over a data-parallel
+            mesh, so that slot substitution finds each prompt on every device).
+    """
+
+    def __init__(
+        self,
+        graphdef: nnx.GraphDef,
+        cfg: ModelConfig,
+        *,
+        pad_id: int,
+        min_len: int = 16,
+        max_len: int,
+        batch: int = 1,
+        out_sharding: jax.sharding.Sharding | None = None,
+    ):
+        self.graphdef, self.cfg, self.pad_id = graphdef, cfg, pad_id
+        self.min_len, self.max_len = min_len, max_len
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        self.batch = batch
+        self.out_sharding = out_sharding
+        self._compiled: dict[tuple[int, int], Callable[..., PrefillBatch]] = {}
+
+    @property
+    def buckets(self) -> list[tuple[int, int]]:
+        """The (P, T) shapes compiled so far (each compiled exactly once)."""
+        return sorted(self._compiled)
+
+    def pad(self, prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+        """Right-pad prompts into a bucket: ``tokens [P, T]`` int32 and ``lengths [P]`` int32.
+
+        Raises:
+            ValueError: no prompts or more than ``batch``, an empty prompt, or a prompt longer
+                than ``max_len``.
+        """
+        if not prompts or len(prompts) > self.batch:
+            raise ValueError(f"prefill takes 1 to {self.batch} prompts, got {len(prompts)}")
+        lengths = [len(p) for p in prompts]
+        if min(lengths) < 1:
+            raise ValueError("every prompt needs at least one token, got an empty prompt")
+        if max(lengths) > self.max_len:
+            raise ValueError(
+                f"a prompt has {max(lengths)} tokens, more than max_len={self.max_len}"
+            )
+        t = min(next_pow2(max(lengths), self.min_len), self.max_len)
+        p = next_pow2(self.batch)
+        tokens = np.full((p, t), self.pad_id, np.int32)
+        lens = np.ones(p, np.int32)
+        for i, prompt in enumerate(prompts):
+            tokens[i, : len(prompt)] = np.asarray(prompt, np.int32)
+            lens[i] = len(prompt)
+        return tokens, lens
+
+    def __call__(self, params: nnx.State, prompts: Sequence[Sequence[int]]) -> PrefillBatch:
+        """Prefill ``prompts`` (lists of token ids) with ``params``; row i is prompt i."""
+        tokens, lengths = self.pad(prompts)
+        shape = tokens.shape
+        fn = self._compiled.get(shape)
+        if fn is None:
+            body = partial(_prefill, self.graphdef, self.cfg)
+            if self.out_sharding is None:
+                fn = jax.jit(body)
+            else:
+                fn = jax.jit(body, out_shardings=self.out_sharding)
+            self._compiled[shape] = fn
+        return fn(params, tokens, lengths)

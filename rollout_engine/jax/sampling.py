@@ -1,0 +1,134 @@
+"""Token sampling with temperature, top-k and top-p, returning the log-prob of each sampled token.
+
+Legend: B batch (rows), V vocabulary.
+
+The returned log-prob is the one the trainer's importance ratio needs: the log-probability of the
+sampled token under the distribution it was actually drawn from, i.e. after the temperature and
+after the top-k / top-p truncation and renormalisation (vLLM's
+``logprobs_mode="processed_logprobs"``).
+Order of the transforms follows vLLM's sampler: temperature, then top-k, then top-p.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """How tokens are drawn; hashable, so it is a static argument of the compiled decode step.
+
+    Attributes:
+        temperature: divides the logits; ``0`` means greedy (argmax). Must be ``>= 0``.
+        top_k: keep the ``top_k`` largest logits (all ties of the k-th value kept); ``<= 0`` is off.
+        top_p: keep the smallest prefix of tokens, by descending probability, whose mass reaches
+            ``top_p`` (the token that crosses ``top_p`` is kept, ties of its probability kept too);
+            ``>= 1`` is off. Must be ``> 0``.
+
+    With ``temperature == 0`` the token is the argmax of the raw logits and its log-prob is taken
+    under the truncated distribution at temperature 1 (vLLM's convention for greedy requests).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not self.top_p > 0.0:
+            raise ValueError(f"top_p must be > 0 (>= 1 = off), got {self.top_p}")
+        if not isinstance(self.top_k, int):
+            raise TypeError(f"top_k must be an int (<= 0 = off), got {type(self.top_k).__name__}")
+
+    @property
+    def greedy(self) -> bool:
+        """True when tokens are the argmax (temperature 0)."""
+        return self.temperature == 0.0
+
+
+def truncate_logits(logits: jax.Array, *, top_k: int = 0, top_p: float = 1.0) -> jax.Array:
+    """Set to ``-inf`` the logits that top-k and then top-p remove.
+
+    Args:
+        logits: ``[B, V]`` float, already divided by the temperature.
+        top_k: keep logits ``>=`` the k-th largest of their row; ``<= 0`` (or ``>= V``) is off.
+        top_p: keep, by descending probability, every token whose preceding mass (exclusive
+            cumulative sum) is ``< top_p``, plus ties of the smallest kept probability; ``>= 1``
+            is off. The most likely token is always kept.
+
+    Returns:
+        ``[B, V]`` float32 logits with the removed entries at ``-inf``.
+    """
+    if logits.ndim != 2:
+        raise ValueError(f"logits must be [B, V], got shape {logits.shape}")
+    logits = logits.astype(jnp.float32)
+    vocab = logits.shape[-1]
+    neg_inf = jnp.float32(-jnp.inf)
+    if 0 < top_k < vocab:
+        kth = jax.lax.top_k(logits, top_k)[0][:, -1:]  # [B, 1]
+        logits = jnp.where(logits >= kth, logits, neg_inf)
+    if top_p < 1.0:
+        probs = jax.nn.softmax(logits, axis=-1)  # [B, V]
+        desc = -jnp.sort(-probs, axis=-1)  # [B, V] descending
+        before = jnp.cumsum(desc, axis=-1) - desc  # exclusive cumulative mass
+        kept = before < top_p  # a prefix of the sorted row; position 0 is always kept
+        n_kept = jnp.sum(kept, axis=-1, keepdims=True)  # [B, 1] >= 1
+        floor = jnp.take_along_axis(desc, n_kept - 1, axis=-1)  # smallest kept probability
+        logits = jnp.where(probs >= floor, logits, neg_inf)
+    return logits
+
+
+def inverse_cdf_draw(logprobs: jax.Array, uniforms: jax.Array) -> jax.Array:
+    """Draw one token per row by inverting the cumulative distribution.
+
+    Token ``i`` is returned when ``cdf[i-1] <= u · cdf[V-1] < cdf[i]``, so it has probability
+    ``p_i`` (up to float32 rounding of the cumulative sum); a token with ``p_i = 0`` (truncated,
+    ``-inf`` log-prob) adds exactly 0 to the sum and is never drawn. One uniform per row instead
+    of one Gumbel per vocabulary entry: about 4x cheaper than ``jax.random.categorical`` for a
+    [32, 49152] batch on this CPU (12 vs 52 ms).
+
+    Args:
+        logprobs: ``[B, V]`` float32 normalised log-probs. uniforms: ``[B]`` float32 in [0, 1).
+
+    Returns:
+        ``[B]`` int32 tokens.
+    """
+    cdf = jnp.cumsum(jnp.exp(logprobs), axis=-1)  # [B, V]
+    target = uniforms * cdf[:, -1]  # [B]
+    tokens = jnp.sum(cdf <= target[:, None], axis=-1)
+    return jnp.minimum(tokens, logprobs.shape[-1] - 1).astype(jnp.int32)
+
+
+def sample(
+    logits: jax.Array, keys: jax.Array, config: SamplingConfig
+) -> tuple[jax.Array, jax.Array]:
+    """Draw one token per row and return it with its log-prob under the sampling distribution.
+
+    Args:
+        logits: ``[B, V]`` float logits of the next token (raw LM-head output).
+        keys: ``[B]`` typed PRNG keys (``jax.random.key``), one per row, so that a row's draw does
+            not depend on which other rows share the batch. Ignored when greedy.
+        config: the static sampling settings.
+
+    Returns:
+        ``(tokens [B] int32, logprobs [B] float32)``: ``logprobs[b] =
+        log_softmax(truncate(logits[b] / T))[tokens[b]]`` (``T = 1`` when greedy).
+    """
+    if logits.ndim != 2:
+        raise ValueError(f"logits must be [B, V], got shape {logits.shape}")
+    if keys.shape != logits.shape[:1]:
+        raise ValueError(f"keys must be [B] = {logits.shape[:1]}, got shape {keys.shape}")
+    temperature = 1.0 if config.greedy else config.temperature
+    scaled = logits.astype(jnp.float32) / jnp.float32(temperature)
+    truncated = truncate_logits(scaled, top_k=config.top_k, top_p=config.top_p)
+    logprobs = jax.nn.log_softmax(truncated, axis=-1)  # [B, V]
+    if config.greedy:
+        tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    else:
+        tokens = inverse_cdf_draw(logprobs, jax.vmap(jax.random.uniform)(keys))
+    chosen = jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
+    return tokens, chosen.astype(jnp.float32)

@@ -1,0 +1,82 @@
+"""Requests, results and settings of the JAX engine (plain data; no JAX at import)."""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from collections.abc import Hashable
+
+import numpy as np
+
+FINISH_REASONS = {1: "stop", 2: "length"}
+"""Finish reason codes of ``stops`` as the strings the worker loop reports (vLLM's names)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One prompt to complete ``num_samples`` times.
+
+    Attributes:
+        prompt_id: identifies the prompt in the results; unique among requests in flight.
+        prompt: the prompt token ids (at least one).
+        num_samples: G, the completions wanted.
+        max_new_tokens: completion tokens allowed per sample, the forced EOS included.
+        seed: seeds the samples' keys; defaults to a hash of ``prompt_id``. Sample g of a request
+            draws the same tokens whatever slot, replica or batch it runs in.
+    """
+
+    prompt_id: Hashable
+    prompt: tuple[int, ...]
+    num_samples: int = 1
+    max_new_tokens: int = 128
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt", tuple(int(t) for t in self.prompt))
+        if not self.prompt:
+            raise ValueError(f"request {self.prompt_id!r}: the prompt is empty")
+        if self.num_samples < 1:
+            raise ValueError(
+                f"request {self.prompt_id!r}: num_samples must be >= 1, got {self.num_samples}"
+            )
+        if self.max_new_tokens < 1:
+            raise ValueError(
+                f"request {self.prompt_id!r}: max_new_tokens must be >= 1, "
+                f"got {self.max_new_tokens}"
+            )
+
+    @property
+    def seed_value(self) -> int:
+        """The 31-bit seed of this request's keys."""
+        if self.seed is not None:
+            return int(self.seed) & 0x7FFFFFFF
+        return zlib.crc32(repr(self.prompt_id).encode()) & 0x7FFFFFFF
+
+
+@dataclasses.dataclass
+class SampleResult:
+    """One completion.
+
+    Attributes:
+        prompt_id, sample_index: which request and which of its G samples.
+        tokens: ``[n]`` int32 completion ids (the last is an EOS id). logprobs: ``[n]`` float32,
+            each token's log-prob under the sampling distribution (0 for forced tokens).
+        finish_reason: "stop" (the model emitted an EOS) or "length" (EOS forced at the limit).
+        weight_versions: ``(version, start, end)`` spans: tokens ``[start, end)`` were sampled
+            with ``version`` (token 0 comes from the prefill). The KV cache of earlier tokens is
+            kept across a switch, not recomputed.
+        replica: index of the replica that produced it.
+    """
+
+    prompt_id: Hashable
+    sample_index: int
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    finish_reason: str
+    weight_versions: list[tuple[int, int, int]]
+    replica: int = 0
+
+    @property
+    def versions(self) -> tuple[int, ...]:
+        """The distinct weight versions the sample saw, in order."""
+        return tuple(dict.fromkeys(v for v, _, _ in self.weight_versions))

@@ -1,0 +1,151 @@
+"""Continuous batching: every (prompt, sample) comes back exactly once, across carried-over
+in-flight batches, with prefill compiled once per bucket and greedy results independent of slots."""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from rollout_engine.jax.batcher import BatcherConfig, ContinuousBatcher
+from rollout_engine.jax.sampling import SamplingConfig
+from rollout_engine.jax.stops import StopConfig
+from rollout_engine.jax.types import Request
+from trainer.checkpoints.tiny import TINY_CONFIGS
+from trainer.models.config import ModelConfig
+from trainer.models.decoder import Decoder
+
+EOS = 0
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    cfg = ModelConfig.from_hf(dict(TINY_CONFIGS["llama"], vocab_size=64, eos_token_id=EOS))
+    graphdef, params = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
+    return cfg, graphdef, params
+
+
+def _requests(rng, ids, g):
+    return [
+        Request(
+            i,
+            tuple(int(t) for t in rng.integers(1, 64, size=int(rng.integers(2, 30)))),
+            num_samples=g,
+            max_new_tokens=int(rng.integers(1, 24)),
+        )
+        for i in ids
+    ]
+
+
+def _batcher(tiny, slots, sampling, **kw):
+    cfg, graphdef, params = tiny
+    bcfg = BatcherConfig(num_slots=slots, max_len=64, prefill_batch=3, **kw)
+    return ContinuousBatcher(
+        cfg, graphdef, params, bcfg, sampling, StopConfig(eos_ids=(EOS,), pad_id=1)
+    )
+
+
+def test_every_sample_returned_exactly_once_across_carried_over_batches(tiny) -> None:
+    rng = np.random.default_rng(0)
+    first, second = _requests(rng, range(5), 3), _requests(rng, range(5, 9), 3)
+    b = _batcher(tiny, 4, SamplingConfig(temperature=1.0), steps_per_call=5)
+    b.submit(first)
+    results = []
+    for _ in range(4):  # leave samples of the first batch in flight and queued
+        results += b.step()
+    assert b.in_flight > 0
+    b.submit(second)  # the next prompt batch joins the in-flight one
+    results += b.run_until_idle()
+    pairs = [(r.prompt_id, r.sample_index) for r in results]
+    assert sorted(pairs) == [(i, g) for i in range(9) for g in range(3)]
+    limits = {r.prompt_id: r.max_new_tokens for r in first + second}
+    for r in results:
+        n = len(r.tokens)
+        assert 1 <= n <= limits[r.prompt_id]
+        assert r.tokens[-1] == EOS and EOS not in r.tokens[:-1].tolist()
+        assert r.finish_reason == (
+            "length" if r.logprobs[-1] == 0.0 and n == limits[r.prompt_id] else "stop"
+        )
+        assert np.all(r.logprobs[:-1] < 0.0)
+        assert r.weight_versions == [(0, 0, n)]
+    # prompts of up to 29 tokens: buckets 16 and 32; prompt batches of at most 3 -> P in {1, 2, 4}
+    assert {t for _, t in b.prefiller.buckets} <= {16, 32}
+    assert len(b.prefiller.buckets) == len(set(b.prefiller.buckets))
+
+
+def test_greedy_samples_do_not_depend_on_the_number_of_slots(tiny) -> None:
+    rng = np.random.default_rng(1)
+    reqs = _requests(rng, range(4), 2)
+    greedy = SamplingConfig(temperature=0.0)
+    outs = []
+    for slots in (1, 3, 8):
+        b = _batcher(tiny, slots, greedy)
+        b.submit(reqs)
+        res = sorted(b.run_until_idle(), key=lambda r: (r.prompt_id, r.sample_index))
+        outs.append([r.tokens.tolist() for r in res])
+    assert outs[0] == outs[1] == outs[2]
+    for i in range(0, 8, 2):  # the two greedy samples of a prompt agree
+        assert outs[0][i] == outs[0][i + 1]
+
+
+def test_sampled_tokens_depend_only_on_the_request_seed(tiny) -> None:
+    rng = np.random.default_rng(2)
+    reqs = _requests(rng, range(3), 2)
+    outs = []
+    for slots in (2, 5):
+        b = _batcher(tiny, slots, SamplingConfig(temperature=1.0))
+        b.submit(reqs)
+        res = sorted(b.run_until_idle(), key=lambda r: (r.prompt_id, r.sample_index))
+        outs.append([(r.tokens.tolist(), r.logprobs.round(5).tolist()) for r in res])
+    assert outs[0] == outs[1]
+
+
+def test_too_long_request_is_refused(tiny) -> None:
+    b = _batcher(tiny, 2, SamplingConfig())
+    with pytest.raises(ValueError, match="needs 70 positions"):
+        b.submit([Request("x", tuple(range(1, 41)), max_new_tokens=31)])
+    with pytest.raises(ValueError, match="num_samples must be >= 1"):
+        Request("y", (1, 2), num_samples=0)
+
+
+def test_weight_switch_between_decode_loops_is_stamped_per_token(tiny) -> None:
+    cfg, graphdef, params = tiny
+    bcfg = BatcherConfig(num_slots=2, max_len=64, prefill_batch=1, steps_per_call=3)
+    never = StopConfig(eos_ids=(64,), pad_id=1)  # id 64 is outside the vocabulary
+    greedy = SamplingConfig(temperature=0.0)
+    req = Request("a", (5, 6, 7), num_samples=1, max_new_tokens=12)
+
+    old_only = ContinuousBatcher(cfg, graphdef, params, bcfg, greedy, never, version=7)
+    old_only.submit([req])
+    reference = old_only.run_until_idle()[0]
+
+    b = ContinuousBatcher(cfg, graphdef, params, bcfg, greedy, never, version=7)
+    b.submit([req])
+    assert b.step() == []  # first token from the prefill, then 3 decode steps: 4 tokens
+    new = jax.tree.map(lambda x: x * 1.5, params)
+    b.update_weights(new, 8)
+    b.submit([Request("b", (9, 10), num_samples=1, max_new_tokens=5)])
+    results = {r.prompt_id: r for r in b.run_until_idle()}
+    a = results["a"]
+    assert a.weight_versions == [(7, 0, 4), (8, 4, 12)]
+    assert a.versions == (7, 8)
+    # the first 4 tokens came from the old weights, the next 7 from the new ones
+    np.testing.assert_array_equal(a.logprobs[:4], reference.logprobs[:4])
+    assert np.all(np.abs(a.logprobs[4:11] - reference.logprobs[4:11]) > 1e-4)
+    assert results["b"].weight_versions == [(8, 0, 5)]
+
+
+def test_reasoning_budget_inserts_the_phrase_in_the_engine(tiny) -> None:
+    phrase = (60, 61, 62)
+    stops = StopConfig(eos_ids=(64,), pad_id=1, think_phrase=phrase, think_budget=6)
+    bcfg = BatcherConfig(num_slots=3, max_len=64, prefill_batch=3)
+    b = ContinuousBatcher(*tiny, bcfg, SamplingConfig(temperature=1.0), stops)
+    b.submit([Request(i, (3, 4, 5 + i), num_samples=2, max_new_tokens=10) for i in range(3)])
+    results = b.run_until_idle()
+    assert len(results) == 6
+    for r in results:
+        toks = r.tokens.tolist()
+        if 62 in toks[:3]:  # ended its thinking by itself: left alone
+            continue
+        assert toks[3:6] == list(phrase)
+        np.testing.assert_array_equal(r.logprobs[3:6], np.zeros(3, np.float32))
+        assert len(toks) == 10 and r.finish_reason == "length"

@@ -1,0 +1,129 @@
+"""Sampling: truncation masks, greedy, log-probs under the processed distribution, per-row keys."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rollout_engine.jax.sampling import SamplingConfig, inverse_cdf_draw, sample, truncate_logits
+
+NEG = -np.inf
+
+
+def _keys(n: int, seed: int = 0) -> jax.Array:
+    return jax.random.split(jax.random.key(seed), n)
+
+
+def test_top_k_keeps_ties_of_the_kth_value() -> None:
+    logits = jnp.array([[1.0, 3.0, 2.0, 3.0, 0.0], [5.0, 4.0, 3.0, 2.0, 1.0]])
+    np.testing.assert_array_equal(
+        truncate_logits(logits, top_k=2),
+        [[NEG, 3.0, NEG, 3.0, NEG], [5.0, 4.0, NEG, NEG, NEG]],
+    )
+    np.testing.assert_array_equal(
+        truncate_logits(logits, top_k=3),
+        [[NEG, 3.0, 2.0, 3.0, NEG], [5.0, 4.0, 3.0, NEG, NEG]],
+    )
+
+
+def test_off_values_leave_logits_unchanged() -> None:
+    logits = jnp.array([[1.0, 3.0, 2.0]])
+    for top_k, top_p in [(0, 1.0), (-1, 1.0), (3, 1.0), (7, 1.5)]:
+        np.testing.assert_array_equal(truncate_logits(logits, top_k=top_k, top_p=top_p), logits)
+
+
+def test_top_p_keeps_the_crossing_token_and_its_ties() -> None:
+    probs = np.array([[0.5, 0.2, 0.2, 0.1], [0.1, 0.55, 0.3, 0.05]], dtype=np.float32)
+    logits = jnp.log(probs)
+    lg = np.log(probs)
+    # top_p 0.6: row 0 mass before = 0, .5, .7 -> keep .5 and .2 and the tie .2; row 1 keeps .55 .3
+    np.testing.assert_array_equal(
+        truncate_logits(logits, top_p=0.6),
+        [[lg[0, 0], lg[0, 1], lg[0, 2], NEG], [NEG, lg[1, 1], lg[1, 2], NEG]],
+    )
+    # top_p 0.45: only the most likely token of each row
+    np.testing.assert_array_equal(
+        truncate_logits(logits, top_p=0.45), [[lg[0, 0], NEG, NEG, NEG], [NEG, lg[1, 1], NEG, NEG]]
+    )
+
+
+def test_top_k_then_top_p_renormalises_over_the_kept_tokens() -> None:
+    probs = np.array([[0.4, 0.3, 0.2, 0.1]], dtype=np.float32)
+    lg = np.log(probs)
+    # top_k 3 -> .4 .3 .2 renormalised to 4/9 3/9 2/9; top_p 0.7: mass before = 0, .444, .777
+    np.testing.assert_array_equal(
+        truncate_logits(jnp.asarray(lg), top_k=3, top_p=0.7), [[lg[0, 0], lg[0, 1], NEG, NEG]]
+    )
+
+
+def test_greedy_returns_argmax_and_its_untempered_logprob() -> None:
+    logits = jnp.array([[0.0, 2.0, 1.0], [3.0, -1.0, 0.5]])
+    tokens, logprobs = sample(logits, _keys(2), SamplingConfig(temperature=0.0))
+    np.testing.assert_array_equal(tokens, [1, 0])
+    expected = jax.nn.log_softmax(logits, axis=-1)[jnp.arange(2), jnp.array([1, 0])]
+    np.testing.assert_allclose(logprobs, expected, rtol=0, atol=1e-7)
+    assert tokens.dtype == jnp.int32 and logprobs.dtype == jnp.float32
+
+
+def test_sampled_logprob_is_under_the_tempered_truncated_distribution() -> None:
+    logits = jax.random.normal(jax.random.key(1), (6, 50)) * 3.0
+    cfg = SamplingConfig(temperature=0.7, top_k=10, top_p=0.9)
+    tokens, logprobs = sample(logits, _keys(6), cfg)
+    ref = np.asarray(logits, dtype=np.float64) / 0.7
+    for b in range(6):
+        row = ref[b]
+        kth = np.sort(row)[-10]
+        row = np.where(row >= kth, row, -np.inf)
+        p = np.exp(row - row.max())
+        p /= p.sum()
+        order = np.argsort(-p)
+        before = np.cumsum(p[order]) - p[order]
+        floor = p[order][before < 0.9].min()
+        row = np.where(p >= floor, row, -np.inf)
+        logp = row - np.log(np.exp(row - row.max()).sum()) - row.max()
+        assert np.isfinite(logp[int(tokens[b])]), "sampled a truncated token"
+        np.testing.assert_allclose(float(logprobs[b]), logp[int(tokens[b])], atol=1e-5)
+
+
+def test_top_k_one_is_greedy_with_logprob_zero() -> None:
+    logits = jax.random.normal(jax.random.key(2), (4, 30))
+    tokens, logprobs = sample(logits, _keys(4), SamplingConfig(temperature=1.3, top_k=1))
+    np.testing.assert_array_equal(tokens, jnp.argmax(logits, axis=-1))
+    np.testing.assert_array_equal(logprobs, np.zeros(4, np.float32))
+
+
+def test_empirical_frequencies_follow_softmax_over_temperature() -> None:
+    n = 20000
+    logits = jnp.tile(jnp.array([[0.0, 1.0, 2.0, -1.0]]), (n, 1))
+    tokens, _ = sample(logits, _keys(n, seed=3), SamplingConfig(temperature=2.0))
+    freq = np.bincount(np.asarray(tokens), minlength=4) / n
+    np.testing.assert_allclose(freq, jax.nn.softmax(logits[0] / 2.0), atol=0.015)
+
+
+def test_a_rows_draw_depends_only_on_its_own_key() -> None:
+    logits = jax.random.normal(jax.random.key(4), (5, 100))
+    keys = _keys(5, seed=9)
+    cfg = SamplingConfig(temperature=1.0, top_p=0.95)
+    full, full_lp = sample(logits, keys, cfg)
+    for b in range(5):
+        one, one_lp = sample(logits[b : b + 1], keys[b : b + 1], cfg)
+        assert int(one[0]) == int(full[b])
+        np.testing.assert_allclose(one_lp[0], full_lp[b], atol=1e-6)
+
+
+def test_bad_inputs_raise_clear_errors() -> None:
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        SamplingConfig(temperature=-1.0)
+    with pytest.raises(ValueError, match="top_p must be > 0"):
+        SamplingConfig(top_p=0.0)
+    with pytest.raises(ValueError, match=r"logits must be \[B, V\]"):
+        sample(jnp.zeros((3,)), _keys(3), SamplingConfig())
+    with pytest.raises(ValueError, match=r"keys must be \[B\]"):
+        sample(jnp.zeros((3, 4)), _keys(2), SamplingConfig())
+
+
+def test_inverse_cdf_draw_picks_the_interval_holding_the_uniform() -> None:
+    probs = np.array([[0.0, 0.25, 0.0, 0.5, 0.25]] * 6, np.float32)
+    uniforms = jnp.array([0.0, 0.2499, 0.25, 0.7499, 0.75, 0.99999], jnp.float32)
+    tokens = inverse_cdf_draw(jnp.log(probs), uniforms)
+    np.testing.assert_array_equal(tokens, [1, 1, 3, 3, 4, 4])
