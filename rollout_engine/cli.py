@@ -1,0 +1,179 @@
+"""`python -m rollout_engine --backend vllm|jax --gateway HOST:PORT --token-file F --model DIR`.
+
+Parses and validates the config (`rollout_engine.config`, no ML import) before anything heavy,
+so `--help` and a bad flag answer at once; then starts the backend, runs the worker loop until
+the gateway shuts down, SIGTERM/SIGINT, or a lost gateway, and shuts the backend down.
+Exit status: 0 after a shutdown or a stop, 1 after a lost gateway or a refusal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import socket
+import sys
+
+from pydantic import ValidationError
+
+from rollout_engine.config import EngineProcessConfig, JaxOptions, VllmOptions, WorkerConfig
+
+log = logging.getLogger("rollout_engine")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m rollout_engine", description=__doc__)
+    p.add_argument("--backend", required=True, choices=("vllm", "jax"))
+    p.add_argument("--gateway", required=True, help="the gateway's HOST:PORT")
+    p.add_argument("--token-file", required=True, help="token file with an engine= line")
+    p.add_argument("--ca-file", help="PEM certificate to trust (TLS)")
+    p.add_argument("--model", required=True, help="HF checkpoint folder to start from")
+    p.add_argument("--family", default="", help="model family (default: from config.json)")
+    p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--initial-version", type=int, default=0)
+    p.add_argument("--name", default="", help="engine name in the gateway status")
+    p.add_argument("--transports", default="gloo,file", help="comma-separated, preferred first")
+    p.add_argument("--log-level", default="INFO")
+    w = p.add_argument_group("worker loop")
+    for name, field in WorkerConfig.model_fields.items():
+        w.add_argument(
+            f"--{name.replace('_', '-')}", type=type(field.default), help=field.description
+        )
+    v = p.add_argument_group("vllm backend")
+    for name, field in VllmOptions.model_fields.items():
+        v.add_argument(f"--vllm-{name.replace('_', '-')}", type=type(field.default))
+    j = p.add_argument_group("jax backend")
+    for name, field in JaxOptions.model_fields.items():
+        j.add_argument(f"--jax-{name.replace('_', '-')}", type=type(field.default))
+    return p
+
+
+def parse(argv: list[str] | None = None) -> EngineProcessConfig:
+    """The validated config of a command line.
+
+    Raises:
+        SystemExit: a bad flag or a config that does not validate (message on stderr).
+    """
+    parser = _parser()
+    a = vars(parser.parse_args(argv))
+
+    def group(cls, prefix: str) -> dict:
+        out = {}
+        for name in cls.model_fields:
+            value = a.get(prefix + name)
+            if value is not None:
+                out[name] = value
+        return out
+
+    try:
+        return EngineProcessConfig(
+            backend=a["backend"],
+            gateway=a["gateway"],
+            token_file=a["token_file"],
+            ca_file=a["ca_file"],
+            model=a["model"],
+            family=a["family"],
+            dtype=a["dtype"],
+            initial_version=a["initial_version"],
+            name=a["name"],
+            transports=tuple(t for t in a["transports"].split(",") if t),
+            log_level=a["log_level"],
+            worker=WorkerConfig(**group(WorkerConfig, "")),
+            vllm=VllmOptions(**group(VllmOptions, "vllm_")),
+            jax=JaxOptions(**group(JaxOptions, "jax_")),
+        )
+    except ValidationError as e:
+        parser.error(str(e))
+        raise  # unreachable: parser.error exits
+
+
+def make_backend(cfg: EngineProcessConfig):
+    """The backend `cfg.backend` names (imports vLLM or JAX here, not before)."""
+    if cfg.backend == "vllm":
+        from rollout_engine.vllm.backend import VllmBackend, VllmBackendConfig
+
+        o = cfg.vllm
+        return VllmBackend(
+            VllmBackendConfig(
+                model=str(cfg.model),
+                dtype=cfg.dtype,
+                tensor_parallel_size=o.tensor_parallel_size,
+                max_model_len=o.max_model_len,
+                seed=o.seed,
+                kv_cache_gib=o.kv_cache_gib,
+                gpu_memory_utilization=o.gpu_memory_utilization,
+                initial_version=cfg.initial_version,
+            )
+        )
+    from rollout_engine.jax.backend import JaxBackend, JaxBackendConfig
+
+    return JaxBackend(
+        JaxBackendConfig(
+            model=str(cfg.model),
+            dtype=cfg.dtype,
+            initial_version=cfg.initial_version,
+            **cfg.jax.model_dump(),
+        )
+    )
+
+
+def device_counts(cfg: EngineProcessConfig) -> tuple[int, int]:
+    """(devices, TP size) the engine registers with."""
+    if cfg.backend == "vllm":
+        tp = cfg.vllm.tensor_parallel_size
+        return tp, tp
+    return cfg.jax.replicas * cfg.jax.devices_per_replica, 1
+
+
+async def serve(cfg: EngineProcessConfig) -> str:
+    """Start the backend, run the worker until it stops, shut the backend down; returns the
+    worker's stop reason."""
+    from gateway import messages as m
+    from gateway.client import GatewayClient
+    from rollout_engine.worker import EngineWorker
+
+    devices, tp = device_counts(cfg)
+    spec = m.EngineSpec(
+        backend=cfg.backend,
+        model_family=cfg.family,
+        dtype=cfg.dtype,
+        transports=cfg.transports,
+        device_count=devices,
+        tp_size=tp,
+        name=cfg.name,
+        host=socket.gethostname(),
+    )
+    backend = make_backend(cfg)
+    client = GatewayClient.from_token_file(cfg.gateway, cfg.token_file, "engine", cfg.ca_file)
+    try:
+        await backend.start()
+        worker = EngineWorker(client, backend, spec, cfg.worker)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.request_stop)
+        return await worker.run()
+    finally:
+        await backend.shutdown()
+        client.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    cfg = parse(argv)
+    logging.basicConfig(
+        level=cfg.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    from gateway.errors import GatewayError
+
+    try:
+        reason = asyncio.run(serve(cfg))
+    except GatewayError as e:
+        log.error("%s", e)
+        return 1
+    log.info("engine stopped: %s", reason)
+    return 0 if reason in ("shutdown", "stopped") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""Settings of one rollout engine process: the worker loop, the backend and the gateway.
+
+Imports no ML library (pydantic only), so `python -m rollout_engine --help` answers at once and
+a launcher can validate an engine's config before anything heavy starts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# HF `model_type` -> our family name (trainer/models/config.py holds the same table; this one
+# keeps the config free of trainer imports).
+MODEL_TYPES = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma3": "gemma3",
+    "gemma3_text": "gemma3",
+}
+
+
+class WorkerConfig(BaseModel):
+    """How the worker loop paces leases, returns and syncs (seconds unless said)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid")
+
+    max_concurrent_prompts: int = Field(default=16, ge=1)
+    """Prompts (groups) in flight in the backend at once; leasing stops at this many."""
+    lease_batch: int = Field(default=8, ge=1)
+    """Most prompts asked for in one lease call."""
+    lease_wait_s: float = Field(default=1.0, gt=0)
+    """Long-poll wait of one lease call; bounds how late a stop is noticed by the lease loop."""
+    register_wait_s: float = Field(default=60.0, ge=0)
+    """How long to keep retrying a registration the gateway may accept later (run not
+    configured yet)."""
+    gateway_retry_s: float = Field(default=30.0, gt=0)
+    """A gateway unreachable for this long counts as lost: the worker exits."""
+    connect_timeout_s: float = Field(default=300.0, gt=0)
+    """Joining the data plane (the rendezvous with the trainer's sender)."""
+    update_timeout_s: float = Field(default=600.0, gt=0)
+    """Receiving and loading one weight version."""
+    drain_s: float = Field(default=10.0, ge=0)
+    """On a stop (SIGTERM), wait this long for in-flight groups to finish and be returned;
+    the rest are cancelled and go back to the queue when the engine deregisters."""
+    watch_interval_s: float = Field(default=0.25, gt=0)
+    """How often the watchdog looks at the heartbeat (gateway shutdown, lost gateway)."""
+
+
+class VllmOptions(BaseModel):
+    """vLLM backend settings (see rollout_engine.vllm.backend.VllmBackendConfig)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid")
+
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    max_model_len: int = Field(default=2048, ge=2)
+    kv_cache_gib: int = Field(default=1, ge=1)
+    gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1)
+    seed: int = 0
+
+
+class JaxOptions(BaseModel):
+    """JAX backend settings (see rollout_engine.jax.backend.JaxBackendConfig). The sampling
+    settings are compiled into the engine; every prompt must ask for the same ones."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid")
+
+    num_slots: int = Field(default=32, ge=1)
+    max_model_len: int = Field(default=2048, ge=2)
+    prefill_batch: int = Field(default=8, ge=1)
+    steps_per_call: int = Field(default=64, ge=1)
+    replicas: int = Field(default=1, ge=1)
+    devices_per_replica: int = Field(default=1, ge=1)
+    temperature: float = Field(default=1.0, ge=0)
+    top_k: int = -1
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    seed: int = 0
+
+
+class EngineProcessConfig(BaseModel):
+    """Everything `python -m rollout_engine` needs."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid")
+
+    backend: Literal["vllm", "jax"]
+    """Which rollout backend serves the prompts."""
+    gateway: str
+    """The gateway's HOST:PORT."""
+    token_file: Path
+    """Token file with the `engine=` token (`python -m gateway make-tokens`)."""
+    ca_file: Path | None = None
+    """PEM certificate to trust; given, the connection uses TLS."""
+    model: Path
+    """HF checkpoint folder the engine starts from (weight version `initial_version`)."""
+    family: str = ""
+    """Model family; empty: read from the checkpoint's config.json `model_type`."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    """Engine dtype (torch name); every weight update must arrive in it."""
+    initial_version: int = Field(default=0, ge=0)
+    """The weight version the checkpoint counts as."""
+    name: str = ""
+    """Engine name shown in the gateway status (default: the backend)."""
+    transports: tuple[str, ...] = ("gloo", "file")
+    """Data-plane kinds this engine can receive, preferred first."""
+    log_level: str = "INFO"
+    worker: WorkerConfig = WorkerConfig()
+    vllm: VllmOptions = VllmOptions()
+    jax: JaxOptions = JaxOptions()
+
+    @model_validator(mode="after")
+    def _check(self) -> EngineProcessConfig:
+        if ":" not in self.gateway:
+            raise ValueError(f"gateway: expected HOST:PORT, got {self.gateway!r}")
+        if not self.model.is_dir():
+            raise ValueError(f"model: expected an HF checkpoint folder, got {str(self.model)!r}")
+        if not self.family:
+            self.family = family_of(self.model)
+        return self
+
+
+def family_of(model_dir: Path) -> str:
+    """Our family name for an HF checkpoint folder, from its config.json `model_type`.
+
+    Raises:
+        ValueError: no config.json, or a `model_type` no family covers.
+    """
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{model_dir}: no config.json; pass --family")
+    model_type = json.loads(path.read_text()).get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise ValueError(
+            f"{path}: model_type {model_type!r} is not supported; expected one of "
+            f"{sorted(MODEL_TYPES)}"
+        )
+    return MODEL_TYPES[model_type]

@@ -1,0 +1,206 @@
+"""Real processes end to end: the gateway, one `python -m rollout_engine` engine (vLLM, then the
+JAX engine) started on tiny model A (fp32), and this test process as the trainer holding the JAX
+params of tiny model B. The trainer pushes B as version 1 over gloo through `WeightPublisher`, then
+submits prompts through the gateway: greedy outputs equal transformers' for B token for token,
+and at temperature 0.7 the returned log-probs of the sampled tokens equal the JAX model's
+`log_softmax(logits / 0.7)` of the same tokens within 1e-4; every rollout carries version 1.
+The JAX engine compiles its temperature in, so its greedy and sampled checks use one engine each.
+One engine process at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gateway import messages as m
+from gateway.auth import write_tokens
+from gateway.client import GatewayClient
+from gateway.transport.config import GlooTransportConfig
+from trainer.checkpoints.hf_io import load_hf_checkpoint
+from trainer.publish import WeightPublisher
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+_spec = importlib.util.spec_from_file_location(
+    "vllm_helpers", Path(__file__).with_name("vllm_helpers.py")
+)
+H = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(H)
+
+PROMPTS = [[5, 9, 23, 7], [40, 41, 42], [17, 3, 99, 100, 12, 8, 61]]
+N_GREEDY = 12
+TEMPERATURE = 0.7
+
+
+def _wait_for(what: str, check, timeout_s: float, proc: subprocess.Popen, log: Path):
+    end = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if proc.poll() is not None or time.monotonic() > end:
+            tail = log.read_text()[-4000:] if log.exists() else ""
+            raise AssertionError(f"{what} did not happen (exit {proc.poll()}):\n{tail}")
+        time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def stack(tmp_path: Path, model_a: Path, backend_args: list[str], sigterm: bool = False):
+    """A gateway process and one engine process on model A; yields (trainer client, engine
+    process, engine log). At exit the trainer shuts the gateway down (or, with `sigterm`, the
+    engine gets SIGTERM and must deregister) and the engine must exit with status 0."""
+    tokens = tmp_path / "tokens.txt"
+    write_tokens(tokens)
+    port_file, gw_log, engine_log = tmp_path / "port", tmp_path / "gw.log", tmp_path / "engine.log"
+    procs: list[subprocess.Popen] = []
+    gw_args = ["--token-file", str(tokens), "--port-file", str(port_file), "--family", "llama"]
+    gw_args += ["--dtype", "float32", "--transport", "gloo", "--log-level", "WARNING"]
+    with open(gw_log, "w") as out:
+        gw = subprocess.Popen([sys.executable, "-m", "gateway", "serve", *gw_args], stderr=out)
+    procs.append(gw)
+    trainer = None
+    try:
+        port = _wait_for("gateway start", lambda: port_file.exists() and port_file.read_text(),
+                         20, gw, gw_log).strip()  # fmt: skip
+        address = f"127.0.0.1:{port}"
+        args = ["--gateway", address, "--token-file", str(tokens), "--model", str(model_a)]
+        args += ["--dtype", "float32", "--name", "e2e", "--max-concurrent-prompts", "8"]
+        with open(engine_log, "w") as out:
+            engine = subprocess.Popen(
+                [sys.executable, "-m", "rollout_engine", *args, *backend_args],
+                env={**os.environ, **H.CPU_ENV}, stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        procs.append(engine)
+        trainer = GatewayClient.from_token_file(address, tokens, "trainer")
+        _wait_for("engine registration", lambda: len(trainer.status().engines) == 1,
+                  300, engine, engine_log)  # fmt: skip
+        yield trainer, engine, engine_log
+        if sigterm:
+            engine.send_signal(signal.SIGTERM)
+            assert engine.wait(60) == 0, engine_log.read_text()[-4000:]
+            assert len(trainer.status().engines) == 0  # it deregistered on its way out
+        trainer.shutdown("test over")
+        assert engine.wait(60) == 0, engine_log.read_text()[-4000:]
+    finally:
+        if trainer is not None:
+            trainer.close()
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.kill()
+                p.wait(30)
+
+
+@pytest.fixture(scope="module")
+def models(tiny_checkpoint):
+    """Tiny llamas A (the engines start on it) and B (the trainer's), B's JAX model and
+    transformers' greedy references of both."""
+    a, b = tiny_checkpoint("llama", seed=11), tiny_checkpoint("llama", seed=12)
+    hf_a, hf_b = H.hf_model(a), H.hf_model(b)
+    cfg_b, decoder_b = load_hf_checkpoint(b, dtype="float32")
+    ref_a = [H.hf_greedy(hf_a, p, N_GREEDY) for p in PROMPTS]
+    ref_b = [H.hf_greedy(hf_b, p, N_GREEDY) for p in PROMPTS]
+    assert ref_a != ref_b  # the test can tell the models apart
+    return {"A": a, "B": b, "cfg_b": cfg_b, "decoder_b": decoder_b, "ref_a": ref_a, "ref_b": ref_b}
+
+
+def _submit(trainer, prompts: list[m.Prompt]) -> dict[str, m.RolloutGroup]:
+    trainer.submit_prompts(prompts)
+    groups = trainer.fetch_rollouts(len(prompts), timeout_s=120, min_groups=len(prompts))
+    assert len(groups) == len(prompts)
+    return {g.sample_id: g for g in groups}
+
+
+def _greedy(prefix: str, version: int) -> list[m.Prompt]:
+    sampling = m.SamplingParams(temperature=0.0, max_new_tokens=N_GREEDY)
+    return [
+        m.Prompt(f"{prefix}{i}", np.asarray(p, np.int32), 1, sampling, min_version=version)
+        for i, p in enumerate(PROMPTS)
+    ]
+
+
+def _real_tokens(c: m.Completion, forced_eos: bool) -> int:
+    """How many leading tokens the model sampled itself: the JAX engine forces an EOS (log-prob
+    0) as the last token of a sample that reaches `max_new_tokens`."""
+    return len(c.token_ids) - 1 if forced_eos and c.finish_reason == "length" else len(c.token_ids)
+
+
+def _check_greedy(groups, prefix: str, refs, version: int, forced_eos: bool) -> None:
+    for i, ref in enumerate(refs):
+        (c,) = groups[f"{prefix}{i}"].completions
+        assert c.finish_reason == "length" and len(c.token_ids) == N_GREEDY, c
+        n = _real_tokens(c, forced_eos)
+        assert c.token_ids[:n].tolist() == ref[:n], (c.token_ids.tolist(), ref)
+        assert (c.version_start, c.version_end) == (version, version)
+
+
+def _push_b(trainer, models) -> None:
+    transport = GlooTransportConfig(port=0, timeout_s=120, bucket_bytes=64 * 1024)
+    publisher = WeightPublisher(trainer, transport, "llama", models["cfg_b"], "float32")
+    stats = publisher.push(models["decoder_b"], version=1)
+    print(f"push: {stats.num_bytes} B in {stats.seconds:.3f} s ({stats.gb_per_s:.3f} GB/s; "
+          f"send {stats.send_s:.3f} s, {stats.send_gb_per_s:.3f} GB/s)")  # fmt: skip
+    assert stats.version == 1 and stats.num_buckets > 1
+    publisher.close()
+
+
+def _check_sampled_logprobs(trainer, decoder, forced_eos: bool) -> None:
+    sampling = m.SamplingParams(temperature=TEMPERATURE, max_new_tokens=10, seed=7)
+    prompts = [
+        m.Prompt(f"s{i}", np.asarray(p, np.int32), 2, sampling, min_version=1)
+        for i, p in enumerate(PROMPTS)
+    ]
+    groups = _submit(trainer, prompts)
+    checked = 0
+    for i, p in enumerate(PROMPTS):
+        for c in groups[f"s{i}"].completions:
+            assert c.finish_reason != "abort", "the engine refused the prompt (see its log)"
+            assert (c.version_start, c.version_end) == (1, 1)
+            n = _real_tokens(c, forced_eos)
+            seq = jnp.asarray([p + c.token_ids[:n].tolist()], jnp.int32)
+            positions = jnp.arange(seq.shape[1], dtype=jnp.int32)[None]
+            logits, _ = decoder(seq, positions)
+            logp = jax.nn.log_softmax(logits[0, len(p) - 1 : -1] / TEMPERATURE, axis=-1)
+            expected = np.asarray(jnp.take_along_axis(logp, seq[0, len(p) :, None], -1))[:, 0]
+            np.testing.assert_allclose(c.logprobs[:n], expected, atol=1e-4, rtol=0)
+            checked += n
+    assert checked >= 3 * 2 * 2  # a real number of tokens was compared
+
+
+def test_vllm_engine_serves_b_after_a_push_over_gloo(tmp_path, models):
+    with stack(tmp_path, models["A"], ["--backend", "vllm", "--vllm-max-model-len", "128"]) as (
+        trainer, _, _,
+    ):  # fmt: skip
+        _check_greedy(_submit(trainer, _greedy("a", 0)), "a", models["ref_a"], 0, False)
+        _push_b(trainer, models)
+        _check_greedy(_submit(trainer, _greedy("b", 1)), "b", models["ref_b"], 1, False)
+        _check_sampled_logprobs(trainer, models["decoder_b"], False)
+
+
+JAX_ARGS = ["--backend", "jax", "--jax-num-slots", "8", "--jax-max-model-len", "64"]
+JAX_ARGS += ["--jax-prefill-batch", "4", "--jax-steps-per-call", "8"]
+
+
+def test_jax_engine_greedy_equals_transformers_after_a_push(tmp_path, models):
+    with stack(tmp_path, models["A"], [*JAX_ARGS, "--jax-temperature", "0"]) as (trainer, _, _):
+        _check_greedy(_submit(trainer, _greedy("a", 0)), "a", models["ref_a"], 0, True)
+        _push_b(trainer, models)
+        _check_greedy(_submit(trainer, _greedy("b", 1)), "b", models["ref_b"], 1, True)
+
+
+def test_jax_engine_sampled_logprobs_match_after_a_push(tmp_path, models):
+    args = [*JAX_ARGS, "--jax-temperature", str(TEMPERATURE)]
+    with stack(tmp_path, models["A"], args, sigterm=True) as (trainer, _, _):
+        _push_b(trainer, models)
+        _check_sampled_logprobs(trainer, models["decoder_b"], True)

@@ -1,0 +1,66 @@
+"""`python -m rollout_engine`: help answers fast without ML imports; flags become a validated
+config (family read from config.json); bad input is refused naming what was expected."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rollout_engine.cli import device_counts, parse
+from rollout_engine.config import family_of
+
+
+def _model(tmp_path, model_type="qwen2"):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
+    return folder
+
+
+def test_help_is_fast_and_imports_no_ml_library():
+    code = (
+        "import sys, contextlib, io\n"
+        "from rollout_engine.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try: main(['--help'])\n"
+        "    except SystemExit: pass\n"
+        "print(sorted(m for m in ('jax', 'torch', 'vllm', 'flax') if m in sys.modules))\n"
+    )
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert time.monotonic() - t0 < 5  # about 0.5 s alone; generous for a loaded machine
+    assert out.stdout.strip() == "[]"
+
+
+def test_flags_become_a_validated_config(tmp_path):
+    model = _model(tmp_path)
+    cfg = parse(
+        ["--backend", "vllm", "--gateway", "127.0.0.1:5000", "--token-file", "t.txt",
+         "--model", str(model), "--dtype", "float32", "--max-concurrent-prompts", "3",
+         "--vllm-tensor-parallel-size", "2", "--jax-temperature", "0.5", "--transports", "gloo"]
+    )  # fmt: skip
+    assert cfg.family == "qwen2" and cfg.dtype == "float32" and cfg.transports == ("gloo",)
+    assert cfg.worker.max_concurrent_prompts == 3 and cfg.worker.lease_batch == 8
+    assert cfg.vllm.tensor_parallel_size == 2 and cfg.jax.temperature == 0.5
+    assert device_counts(cfg) == (2, 2)
+    assert device_counts(cfg.model_copy(update={"backend": "jax"})) == (1, 1)
+
+
+def test_bad_input_is_refused(tmp_path, capsys):
+    model = _model(tmp_path)
+    base = ["--backend", "jax", "--token-file", "t", "--model", str(model)]
+    with pytest.raises(SystemExit):
+        parse([*base, "--gateway", "no-port"])
+    assert "expected HOST:PORT, got 'no-port'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse([*base, "--gateway", "h:1", "--max-concurrent-prompts", "0"])
+    assert "max_concurrent_prompts" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse(["--backend", "jax", "--gateway", "h:1", "--token-file", "t", "--model", "/nope"])
+    assert "expected an HF checkpoint folder, got '/nope'" in capsys.readouterr().err
+    other = tmp_path / "other"
+    other.mkdir()
+    with pytest.raises(ValueError, match="model_type 'bert' is not supported"):
+        family_of(_model(other, "bert"))

@@ -1,0 +1,86 @@
+"""Checkpoints: stopping after k updates and resuming from the checkpoint gives the same params as
+the uninterrupted run (on the 8-device FSDP mesh), with step, data position, weight version and
+RNG restored."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from trainer.checkpointing import Checkpointer, Progress
+from trainer.losses import make_loss
+from trainer.optim import OptimizerConfig, make_optimizer
+from trainer.sharding import make_mesh
+from trainer.train_step import TrainStep
+
+
+def _advance(step, state, progress, batch_source, n):
+    """n updates; the batch depends on the data position and on the RNG (so both must resume)."""
+    rng, position = progress.rng, progress.data_position
+    for _ in range(n):
+        rng, sub = jax.random.split(rng)
+        salt = int(jax.random.randint(sub, (), 0, 1000))
+        state, _ = step(state, batch_source(position * 1000 + salt, prompts=4, group=4))
+        position += 1
+    done = int(state.step)
+    return state, Progress(done, position, progress.weight_version + n, rng)
+
+
+def test_resume_equals_uninterrupted_run(tmp_path, model_factory, batch_source):
+    tx = make_optimizer(OptimizerConfig(learning_rate=1e-3, warmup_steps=2, total_steps=8))
+    model = model_factory(0)
+    step = TrainStep(model, make_loss("cispo"), tx, make_mesh(2, 4), min_shard_bytes=0)
+    start = Progress(0, 0, 0, jax.random.key(7))
+
+    full, full_progress = _advance(step, step.init_state(model), start, batch_source, 4)
+
+    half, half_progress = _advance(step, step.init_state(model), start, batch_source, 2)
+    with Checkpointer(tmp_path / "ckpt", max_to_keep=2) as ckpt:
+        ckpt.save(half, half_progress)
+    del half
+
+    # A new process: other random weights, everything comes back from disk.
+    other = step.init_state(model_factory(1))
+    with Checkpointer(tmp_path / "ckpt") as ckpt:
+        assert ckpt.latest_step() == 2
+        restored, progress = ckpt.restore(step.abstract_state())
+    assert (progress.step, progress.data_position, progress.weight_version) == (2, 2, 2)
+    assert np.array_equal(jax.random.key_data(progress.rng), jax.random.key_data(half_progress.rng))
+    assert int(restored.step) == 2
+    name = "layers.0.mlp.up.kernel"
+    assert restored.params[name].sharding == other.params[name].sharding
+    assert "fsdp" in str(restored.params[name].sharding.spec)
+
+    resumed, resumed_progress = _advance(step, restored, progress, batch_source, 2)
+    assert (resumed_progress.step, resumed_progress.data_position) == (4, 4)
+    for key, ref in full.params.items():
+        np.testing.assert_allclose(
+            np.asarray(resumed.params[key]), np.asarray(ref), rtol=1e-6, atol=1e-7, err_msg=key
+        )
+    assert int(resumed.opt_state[1][0].count) == int(full.opt_state[1][0].count) == 4
+    assert np.array_equal(
+        jax.random.key_data(resumed_progress.rng), jax.random.key_data(full_progress.rng)
+    )
+
+
+def test_checkpointer_keeps_newest_and_refuses_bad_calls(tmp_path, model_factory):
+    model = model_factory(0)
+    tx = make_optimizer(OptimizerConfig(learning_rate=1e-3))
+    step = TrainStep(model, make_loss("grpo"), tx, make_mesh(1, 1, devices=jax.devices()[:1]))
+    state = step.init_state(model)
+    with Checkpointer(tmp_path / "c", max_to_keep=2) as ckpt:
+        with pytest.raises(FileNotFoundError, match="no checkpoint at all"):
+            ckpt.restore(step.abstract_state())
+        with pytest.raises(ValueError, match="progress.step 1 != state.step 0"):
+            ckpt.save(state, Progress(1, 0, 0, jax.random.key(0)))
+        for s in range(3):
+            state = step.init_state(model, step=s)
+            ckpt.save(state, Progress(s, 10 * s, s, jax.random.key(s)))
+        assert ckpt.all_steps() == [1, 2]
+        with pytest.raises(ValueError, match="already exists"):
+            ckpt.save(state, Progress(2, 0, 0, jax.random.key(0)))
+        restored, progress = ckpt.restore(step.abstract_state(), step=1)
+        assert (progress.data_position, int(restored.step)) == (10, 1)
+        with pytest.raises(FileNotFoundError, match="no checkpoint 0"):
+            ckpt.restore(step.abstract_state(), step=0)

@@ -1,0 +1,54 @@
+"""Builds the train step's parts from the run config (the launcher's and the tests' one way)."""
+
+from __future__ import annotations
+
+from jax.sharding import Mesh
+
+from trainer.config import Config
+from trainer.losses import make_loss
+from trainer.losses.base import PolicyLoss
+from trainer.models.decoder import Decoder
+from trainer.optim import OptimizerConfig, make_optimizer
+from trainer.train_step import TrainStep
+
+
+def loss_from_config(cfg: Config) -> PolicyLoss:
+    """The registry's loss named by ``cfg.loss.name`` with the section's settings."""
+    return make_loss(cfg.loss.name, **cfg.loss.loss_kwargs())
+
+
+def optimizer_config(cfg: Config) -> OptimizerConfig:
+    """`OptimizerConfig` of the optim section; the schedule spans ``trainer.steps`` updates and
+    accumulation is left to the train step (``grad_accum_steps=1``)."""
+    o = cfg.optim
+    return OptimizerConfig(
+        learning_rate=o.learning_rate,
+        warmup_steps=min(o.warmup_steps, cfg.trainer.steps),
+        total_steps=cfg.trainer.steps,
+        min_lr_ratio=o.min_lr_ratio,
+        weight_decay=o.weight_decay,
+        b1=o.b1,
+        b2=o.b2,
+        eps=o.eps,
+        max_grad_norm=o.max_grad_norm,
+        grad_accum_steps=1,
+    )
+
+
+def train_step_from_config(cfg: Config, model: Decoder, mesh: Mesh) -> TrainStep:
+    """The compiled `TrainStep` of `model` on `mesh` as `cfg` describes it: the loss, AdamW,
+    the sampling temperature, micro-batches, log-prob chunk size and FSDP threshold; with a KL
+    term (``loss.kl_coef > 0``) `model`, as it is now, becomes the frozen reference."""
+    step = TrainStep(
+        model,
+        loss_from_config(cfg),
+        make_optimizer(optimizer_config(cfg)),
+        mesh,
+        temperature=cfg.rollout.temperature,
+        micro_batches=cfg.trainer.micro_batches,
+        chunk_size=cfg.trainer.logprob_chunk_size,
+        min_shard_bytes=cfg.trainer.min_shard_bytes,
+    )
+    if cfg.loss.kl_coef > 0:
+        step.set_reference(model)
+    return step

@@ -1,0 +1,140 @@
+"""Training checkpoints with orbax: params, optimizer state, step, data position, weight version
+and the trainer's RNG, so a resumed run continues the same sequence of updates.
+
+Layout: ``DIR/<step>/state`` (the `TrainState` arrays, written shard by shard by orbax, restored
+straight onto the mesh of the `abstract_state` target) and ``DIR/<step>/progress`` (JSON: step,
+data position, weight version, RNG key data). Saves are synchronous: when `save` returns, the
+checkpoint is complete on disk (orbax writes to a temporary folder and renames it, so a crash
+mid-save leaves the previous checkpoints intact).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from trainer.train_step import TrainState
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """Where the run stands, besides the arrays.
+
+    Attributes:
+      step: updates applied (equals ``TrainState.step``).
+      data_position: problems handed out by the problem stream (its resume point).
+      weight_version: the version engines must load to serve these params.
+      rng: the trainer's PRNG key (a typed key array, e.g. ``jax.random.key(0)``).
+    """
+
+    step: int
+    data_position: int
+    weight_version: int
+    rng: jax.Array
+
+
+def _state_tree(state: TrainState) -> dict:
+    return {"params": state.params, "opt_state": state.opt_state, "step": state.step}
+
+
+class Checkpointer:
+    """Saves and restores checkpoints in `directory` (created if missing).
+
+    Args:
+      directory: the checkpoint folder (e.g. ``RUN_DIR/checkpoints``).
+      max_to_keep: newest checkpoints kept; older ones are deleted after each save.
+
+    Use as a context manager, or call `close`.
+    """
+
+    def __init__(self, directory: str | Path, max_to_keep: int = 3):
+        if max_to_keep < 1:
+            raise ValueError(f"max_to_keep must be >= 1; got {max_to_keep}")
+        self.directory = Path(directory).absolute()
+        self._manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+        )
+
+    def save(self, state: TrainState, progress: Progress) -> None:
+        """Write `state` and `progress` as checkpoint number ``progress.step``; blocks until done.
+
+        Raises:
+          ValueError: if ``progress.step`` differs from ``state.step`` or is already saved.
+        """
+        if int(state.step) != progress.step:
+            raise ValueError(f"progress.step {progress.step} != state.step {int(state.step)}")
+        if progress.step in self._manager.all_steps():
+            raise ValueError(f"checkpoint {progress.step} already exists in {self.directory}")
+        meta = {
+            "step": progress.step,
+            "data_position": progress.data_position,
+            "weight_version": progress.weight_version,
+            "rng_impl": str(jax.random.key_impl(progress.rng)),
+            "rng_data": np.asarray(jax.random.key_data(progress.rng)).tolist(),
+        }
+        self._manager.save(
+            progress.step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(_state_tree(state)),
+                progress=ocp.args.JsonSave(meta),
+            ),
+        )
+        self._manager.wait_until_finished()
+
+    def latest_step(self) -> int | None:
+        """The newest saved step, or None when there is no checkpoint."""
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        """Saved steps, oldest first."""
+        return sorted(self._manager.all_steps())
+
+    def restore(
+        self, abstract_state: TrainState, step: int | None = None
+    ) -> tuple[TrainState, Progress]:
+        """Read checkpoint `step` (default: the newest) onto the shardings of `abstract_state`
+        (``TrainStep.abstract_state()``).
+
+        Raises:
+          FileNotFoundError: if there is no checkpoint (or not that step) in the directory.
+        """
+        step = self.latest_step() if step is None else step
+        if step is None or step not in self._manager.all_steps():
+            raise FileNotFoundError(
+                f"no checkpoint {'at all' if step is None else step} in {self.directory}; "
+                f"saved steps: {self.all_steps()}"
+            )
+        out = self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(_state_tree(abstract_state)),
+                progress=ocp.args.JsonRestore(),
+            ),
+        )
+        tree, meta = out["state"], out["progress"]
+        state = TrainState(tree["params"], tree["opt_state"], tree["step"])
+        rng = jax.random.wrap_key_data(
+            jax.numpy.asarray(meta["rng_data"], jax.numpy.uint32), impl=meta["rng_impl"]
+        )
+        progress = Progress(
+            step=int(meta["step"]),
+            data_position=int(meta["data_position"]),
+            weight_version=int(meta["weight_version"]),
+            rng=rng,
+        )
+        return state, progress
+
+    def close(self) -> None:
+        """Finish pending writes and release the manager."""
+        self._manager.close()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

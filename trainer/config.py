@@ -1,0 +1,269 @@
+"""The run's configuration: pydantic models for the model, trainer, loss, optimizer and rollout
+sections, read from YAML with ``section.key=value`` overrides. Imports no ML library, so an
+entry point can parse and check its config in well under a second.
+
+Every model forbids unknown keys; `load_config` reports the first bad key or value by its dotted
+path (e.g. ``rollout.max_lag: Input should be greater than or equal to 0 (got -1)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+LossName = Literal["grpo", "dr_grpo", "dapo", "cispo"]
+Aggregation = Literal["seq_mean_token_mean", "token_mean", "seq_sum_constant"]
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not validate; the message names the key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, validate_default=True, use_attribute_docstrings=True
+    )
+
+
+class ModelSection(_Section):
+    """The policy checkpoint."""
+
+    path: str = ""
+    """HF safetensors folder (config.json, model.safetensors, tokenizer)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Compute dtype of the trainer (float32 is faster than bfloat16 on CPU)."""
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Storage dtype of the trained params (and of the optimizer moments)."""
+
+
+class TrainerSection(_Section):
+    """The training loop and its mesh."""
+
+    steps: int = Field(default=100, ge=1)
+    """Optimizer updates to run (each publishes one new weight version)."""
+    prompts_per_step: int = Field(default=8, ge=1)
+    """P: prompt groups per update; the batch has P * rollout.group_size rows."""
+    micro_batches: int = Field(default=1, ge=1)
+    """Gradient accumulation: the batch is split into this many micro-batches per update."""
+    dp: int = Field(default=1, ge=1)
+    """Data-parallel axis size of the train mesh."""
+    fsdp: int = Field(default=-1, ge=-1)
+    """FSDP axis size; -1 takes every device dp leaves."""
+    min_shard_bytes: int = Field(default=1 << 16, ge=0)
+    """Params smaller than this (bytes) are replicated instead of FSDP-sharded."""
+    logprob_chunk_size: int = Field(default=1024, ge=1)
+    """Rows per chunk of the fused log-prob kernel."""
+    seed: int = 0
+    """Seed of the trainer's RNG and of the problem order."""
+    run_dir: str = "runs/default"
+    """Folder of metrics.jsonl and checkpoints/."""
+    checkpoint_every: int = Field(default=0, ge=0)
+    """Save a checkpoint every this many updates (0: only at the end)."""
+    max_checkpoints: int = Field(default=3, ge=1)
+    """Checkpoints kept on disk (oldest deleted first)."""
+    resume: bool = True
+    """Resume from the newest checkpoint in run_dir/checkpoints when there is one."""
+
+    @model_validator(mode="after")
+    def _mesh(self) -> TrainerSection:
+        if self.fsdp == 0:
+            raise ValueError("fsdp must be >= 1 or -1 (all remaining devices); got 0")
+        return self
+
+
+class LossSection(_Section):
+    """The policy-gradient loss (a name of the registry in trainer.losses) and its settings."""
+
+    name: LossName = "grpo"
+    """grpo, dr_grpo, dapo (clip-higher, token mean) or cispo."""
+    eps_low: float | None = Field(default=None, ge=0, lt=1)
+    """Lower clip (ratio floor 1 - eps_low); None: the loss's default."""
+    eps_high: float | None = Field(default=None, ge=0)
+    """Upper clip (ratio ceiling 1 + eps_high); None: the loss's default."""
+    kl_coef: float = Field(default=0.0, ge=0)
+    """Weight of the k3 KL term to a reference model (0: none, no reference kept)."""
+    aggregation: Aggregation | None = None
+    """Token aggregation for grpo and cispo; None: the loss's default."""
+
+    @model_validator(mode="after")
+    def _fixed_aggregation(self) -> LossSection:
+        if self.aggregation is not None and self.name in ("dr_grpo", "dapo"):
+            raise ValueError(f"loss {self.name} fixes its aggregation; leave aggregation unset")
+        return self
+
+    def loss_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``trainer.losses.make_loss(name, **kwargs)`` (unset ones left
+        out so each loss keeps its own defaults)."""
+        out: dict[str, Any] = {"kl_coef": self.kl_coef}
+        for key in ("eps_low", "eps_high", "aggregation"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
+
+
+class OptimSection(_Section):
+    """AdamW with warmup and cosine decay (see trainer.optim.OptimizerConfig)."""
+
+    learning_rate: float = Field(default=1e-6, gt=0)
+    """Peak learning rate."""
+    warmup_steps: int = Field(default=0, ge=0)
+    """Updates of linear warmup."""
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
+    """Final learning rate as a fraction of the peak."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """Decoupled weight decay (matrices only)."""
+    b1: float = Field(default=0.9, ge=0, lt=1)
+    b2: float = Field(default=0.999, ge=0, lt=1)
+    eps: float = Field(default=1e-8, gt=0)
+    max_grad_norm: float | None = Field(default=1.0, gt=0)
+    """Clip the global gradient norm to this; None: no clipping."""
+
+
+class RolloutSection(_Section):
+    """How rollouts are generated and which ones are trained on."""
+
+    backend: Literal["vllm", "jax"] = "vllm"
+    """The engine backend."""
+    num_engines: int = Field(default=1, ge=1)
+    """Engine processes the launcher starts."""
+    group_size: int = Field(default=4, ge=1)
+    """G: completions per prompt."""
+    max_new_tokens: int = Field(default=256, ge=1)
+    """Most tokens per completion."""
+    temperature: float = Field(default=1.0, gt=0)
+    """Sampling temperature; the trainer's log-probs use the same one."""
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=0, ge=0)
+    """0: no top-k filter."""
+    max_lag: int = Field(default=1, ge=0)
+    """Groups started more than this many versions before the update are dropped; 0 is the
+    synchronous on-policy loop."""
+    queue_steps: int | None = Field(default=None, ge=1)
+    """Updates' worth of prompts kept submitted ahead; None: max_lag + 1 (the most that can
+    still be trained within max_lag)."""
+    drop_zero_variance: bool = False
+    """Drop groups whose rewards are all equal (DAPO dynamic sampling)."""
+    fetch_timeout_s: float = Field(default=1.0, gt=0)
+    """Seconds one FetchRollouts call waits."""
+    rollout_timeout_s: float = Field(default=600.0, gt=0)
+    """Seconds the trainer waits for the rollouts of one update before failing."""
+    sync_timeout_s: float = Field(default=300.0, gt=0)
+    """Seconds the trainer waits for engines to load a new version."""
+    scoring_workers: int = Field(default=2, ge=1)
+    """Threads scoring completions."""
+
+    def prompts_ahead(self, prompts_per_step: int) -> int:
+        """Prompts kept submitted beyond those the current update still needs."""
+        steps = self.max_lag + 1 if self.queue_steps is None else self.queue_steps
+        return (steps - 1) * prompts_per_step
+
+
+class Config(_Section):
+    """A whole run."""
+
+    model: ModelSection = Field(default_factory=ModelSection)
+    trainer: TrainerSection = Field(default_factory=TrainerSection)
+    loss: LossSection = Field(default_factory=LossSection)
+    optim: OptimSection = Field(default_factory=OptimSection)
+    rollout: RolloutSection = Field(default_factory=RolloutSection)
+
+    @model_validator(mode="after")
+    def _batch_divides(self) -> Config:
+        rows = self.trainer.prompts_per_step * self.rollout.group_size
+        if rows % self.trainer.micro_batches:
+            raise ValueError(
+                f"trainer.micro_batches={self.trainer.micro_batches} must divide the batch of "
+                f"trainer.prompts_per_step * rollout.group_size = {rows} rows"
+            )
+        return self
+
+
+def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set `tree[a][b]... = value` for ``dotted = "a.b..."``, checking each key exists."""
+    keys = dotted.split(".")
+    model: type[BaseModel] = Config
+    node = tree
+    for i, key in enumerate(keys):
+        fields = model.model_fields
+        if key not in fields:
+            where = ".".join(keys[:i]) or "the top level"
+            raise ConfigError(
+                f"unknown key {dotted!r}: {where} has no {key!r}; known: {sorted(fields)}"
+            )
+        if i == len(keys) - 1:
+            node[key] = value
+            return
+        sub = fields[key].annotation
+        if not (isinstance(sub, type) and issubclass(sub, BaseModel)):
+            raise ConfigError(f"unknown key {dotted!r}: {'.'.join(keys[: i + 1])} is not a section")
+        model = sub
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{'.'.join(keys[: i + 1])} must be a mapping; got {child!r}")
+        node = child
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
+    """``["trainer.steps=3", "rollout.backend=jax"]`` -> a nested dict; values are YAML scalars.
+
+    Raises:
+      ConfigError: for an item without "=" or a key the config does not have.
+    """
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r}: expected section.key=value")
+        _set(tree, key.strip(), yaml.safe_load(raw) if raw.strip() else None)
+    return tree
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(dict(out[key]), value)
+        else:
+            out[key] = value
+    return out
+
+
+def _describe(err: ValidationError) -> str:
+    first = err.errors()[0]
+    if not first["loc"]:  # a rule across fields: the message names them
+        return f"config: {first['msg']}"
+    loc = ".".join(str(p) for p in first["loc"])
+    return f"{loc}: {first['msg']} (got {first.get('input')!r})"
+
+
+def load_config(
+    path: str | Path | None = None, overrides: Sequence[str] = (), **sections: Any
+) -> Config:
+    """Validate a YAML file (optional), then `sections` (dicts by section name), then overrides.
+
+    Raises:
+      ConfigError: for a missing file, YAML that is not a mapping, an unknown key or a value out
+        of range; the message names the dotted key.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"config file {file} does not exist")
+        loaded = yaml.safe_load(file.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(
+                f"{file}: expected a mapping of sections, got {type(loaded).__name__}"
+            )
+        data = loaded
+    data = _merge(data, sections)
+    data = _merge(data, parse_overrides(overrides))
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_describe(err)) from None

@@ -1,0 +1,194 @@
+"""The trainer's end of the gateway: submit prompts ahead, fetch finished groups in a background
+thread, score them in the scoring pool, and hand them to the training thread in arrival order.
+
+Accounting: every submitted prompt is, at any moment, either consumed by the training thread
+(trained or filtered, which the loop counts) or in flight (queued or leased at the gateway, waiting
+there, or fetched and waiting here): ``submitted == consumed + in_flight``.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+
+import numpy as np
+
+from gateway import messages as m
+from gateway.client import GatewayClient
+from trainer.rewards.base import Problem
+from trainer.rewards.problem_stream import ProblemStream
+from trainer.rewards.scoring import ScoringPool
+from trainer.rollouts import Completion, RolloutGroup
+
+Encode = Callable[[Problem], Sequence[int]]
+
+
+def group_from_gateway(group: m.RolloutGroup) -> RolloutGroup:
+    """A fetched gateway group (with its prompt attached) as the trainer's `RolloutGroup`.
+
+    Raises:
+      ValueError: if the gateway did not attach the prompt.
+    """
+    if group.prompt is None:
+        raise ValueError(f"group {group.sample_id!r} came without its prompt")
+    completions = [
+        Completion(
+            token_ids=np.asarray(c.token_ids).tolist(),
+            logprobs=np.asarray(c.logprobs, np.float64).tolist(),
+            finish_reason=c.finish_reason,
+            version_start=c.version_start,
+            version_end=c.version_end,
+        )
+        for c in group.completions
+    ]
+    return RolloutGroup(group.sample_id, np.asarray(group.prompt.token_ids).tolist(), completions)
+
+
+class RolloutSource:
+    """Prompts out, scored groups in.
+
+    Args:
+      client: a trainer-role gateway client.
+      problems: where prompts come from (its position is the run's data position).
+      encode: problem -> prompt token ids (the chat template is the caller's business).
+      scoring: the verifier thread pool.
+      group_size: G completions per prompt.
+      sampling: sampling parameters sent with every prompt.
+      fetch_timeout_s: seconds one FetchRollouts call waits (also bounds `stop`).
+      fetch_max_groups: most groups one fetch takes.
+      score_timeout_s: most seconds the training thread waits for one group's verifier after
+        the group arrived.
+    """
+
+    def __init__(
+        self,
+        client: GatewayClient,
+        problems: ProblemStream,
+        encode: Encode,
+        scoring: ScoringPool,
+        *,
+        group_size: int,
+        sampling: m.SamplingParams,
+        fetch_timeout_s: float = 1.0,
+        fetch_max_groups: int = 64,
+        score_timeout_s: float = 60.0,
+    ):
+        if group_size < 1 or fetch_timeout_s <= 0 or fetch_max_groups < 1:
+            raise ValueError(
+                "need group_size >= 1, fetch_timeout_s > 0, fetch_max_groups >= 1; got "
+                f"{group_size}, {fetch_timeout_s}, {fetch_max_groups}"
+            )
+        self.client = client
+        self.problems = problems
+        self.encode = encode
+        self.scoring = scoring
+        self.group_size = group_size
+        self.sampling = sampling
+        self.fetch_timeout_s = fetch_timeout_s
+        self.fetch_max_groups = fetch_max_groups
+        self.score_timeout_s = score_timeout_s
+        self.submitted = 0
+        self.consumed = 0
+        self._lock = threading.Lock()
+        self._problem_of: dict[str, Problem] = {}
+        self._ready: queue.Queue[Future[RolloutGroup]] = queue.Queue()
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def in_flight(self) -> int:
+        """Submitted prompts not yet consumed by the training thread."""
+        return self.submitted - self.consumed
+
+    @property
+    def waiting_here(self) -> int:
+        """Groups fetched (scored or being scored) that the training thread has not taken."""
+        return self._ready.qsize()
+
+    def start(self) -> RolloutSource:
+        """Start the fetching thread (again after a `stop`); returns self."""
+        if self._thread is not None:
+            raise RuntimeError("RolloutSource already started")
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._collect, name="rollout-fetch", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop fetching (within about fetch_timeout_s); groups already fetched stay counted."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def top_up(self, target_in_flight: int, min_version: int) -> int:
+        """Submit prompts until `target_in_flight` are in flight; each may only be generated by
+        an engine holding weight version >= `min_version`. Returns how many were submitted.
+
+        Raises:
+          GatewayError: if the gateway refuses them (all or none are queued).
+        """
+        missing = target_in_flight - self.in_flight
+        if missing <= 0:
+            return 0
+        batch = self.problems.next_batch(missing)
+        prompts = [
+            m.Prompt(
+                sample_id=sid,
+                token_ids=np.asarray(self.encode(problem), np.int32),
+                group_size=self.group_size,
+                sampling=self.sampling,
+                min_version=min_version,
+            )
+            for sid, problem in batch
+        ]
+        with self._lock:
+            self._problem_of.update(dict(batch))
+        self.client.submit_prompts(prompts)
+        self.submitted += len(prompts)
+        return len(prompts)
+
+    def next_group(self, timeout_s: float) -> RolloutGroup:
+        """The next scored group (arrival order), waiting up to `timeout_s` seconds.
+
+        Raises:
+          TimeoutError: none arrived in time, or its scoring took over score_timeout_s.
+          RuntimeError: the fetching thread failed (its error chained).
+          Exception: what the verifier raised for this group.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._error is not None:
+                raise RuntimeError("fetching rollouts failed") from self._error
+            try:
+                future = self._ready.get(timeout=min(0.1, max(0.0, deadline - time.monotonic())))
+                break
+            except queue.Empty:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"no rollout group within {timeout_s} s ({self.in_flight} prompts in "
+                        "flight): are engines registered and at the needed weight version?"
+                    ) from None
+        group = future.result(timeout=self.score_timeout_s)
+        self.consumed += 1
+        return group
+
+    def _collect(self) -> None:
+        try:
+            while not self._stop.is_set():
+                fetched = self.client.fetch_rollouts(
+                    self.fetch_max_groups, timeout_s=self.fetch_timeout_s
+                )
+                for raw in fetched:
+                    group = group_from_gateway(raw)
+                    with self._lock:
+                        problem = self._problem_of.pop(group.sample_id, None)
+                    if problem is None:
+                        raise KeyError(f"fetched group {group.sample_id!r} was never submitted")
+                    self._ready.put(self.scoring.score_async(group, problem))
+        except BaseException as err:  # handed to the training thread by next_group
+            self._error = err

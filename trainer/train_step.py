@@ -1,0 +1,286 @@
+"""The jitted RL train step on a ("dp", "fsdp") mesh, with gradient accumulation.
+
+Legend: B rows of the batch, L padded length, D model width, V vocabulary, k micro-batches,
+M = B / k rows per micro-batch.
+
+One call: shard the host `RLBatch` along B over ("dp", "fsdp"); split it into k micro-batches
+(strided rows: micro-batch j holds rows {i * k + j}, so every device keeps its share of every
+micro-batch and the split needs no communication, as in the seed write-up "Async RL in Pure JAX",
+section "Shardings"); for each, `model.hidden` -> fused log-probs of the targets at the sampling
+temperature -> the registry's loss with the full batch's normalizer (so the k micro-losses sum to
+the full-batch loss and the update does not depend on k); sum the gradients; one optax update.
+Params live as a flat dict by dot path (`trainer.models.params.flat_params`), FSDP-sharded by
+`trainer.sharding.param_sharding`; the optimizer moments get the same placement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from trainer.batch import BATCH_AXES, RLBatch, shard_batch
+from trainer.logprobs import fused_target_logprobs
+from trainer.losses.base import PolicyLoss
+from trainer.models.decoder import Decoder
+from trainer.models.params import flat_params, path_str
+from trainer.sharding import param_sharding
+
+Params = dict[str, jax.Array]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TrainState:
+    """Everything a step updates.
+
+    Attributes:
+      params: flat params by dot path ("layers.0.attn.q.kernel") -> jax.Array, FSDP-sharded.
+      opt_state: the optax state of those params (moments sharded like them).
+      step: [] int32 jax.Array, updates applied so far.
+    The same structure holds NamedShardings (`TrainStep.shardings`) or ShapeDtypeStructs
+    (`TrainStep.abstract_state`).
+    """
+
+    params: Any
+    opt_state: Any
+    step: Any
+
+
+class ModelTemplate:
+    """Rebuilds a `Decoder` from flat params (inside or outside jit) without re-initialising.
+
+    Args:
+      model: a Decoder whose only variables are `nnx.Param`s.
+
+    Raises:
+      ValueError: if the model holds non-Param state (it would be lost by the step).
+    """
+
+    def __init__(self, model: Decoder):
+        self.cfg = model.cfg
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)  # type: ignore[misc]
+        if jax.tree.leaves(rest):
+            raise ValueError("the train step handles models whose only variables are nnx.Param")
+        self.graphdef = graphdef
+        self._flat = [
+            (path, var.replace(jax.ShapeDtypeStruct(var.get_value().shape, var.get_value().dtype)))
+            for path, var in nnx.to_flat_state(params)
+        ]
+
+    def merge(self, params: Params) -> Decoder:
+        """A Decoder viewing `params` (no copy).
+
+        Raises:
+          KeyError: for a missing param path.
+        """
+        filled = [(path, var.replace(params[path_str(path)])) for path, var in self._flat]
+        return nnx.merge(self.graphdef, nnx.from_flat_state(filled))
+
+
+def full_batch_normalizer(loss: PolicyLoss, mask: jax.Array) -> jax.Array:
+    """The denominator of `loss`'s aggregation over the whole batch, mask [B, L] -> [] float32.
+
+    token_mean: masked tokens; seq_mean_token_mean: rows with at least one masked token;
+    seq_sum_constant: B * max_tokens (default L). Passed as `LossInputs.normalizer` to every
+    micro-batch so their losses sum to the full-batch loss (see trainer.losses.base).
+    """
+    mask = mask.astype(jnp.float32)
+    if loss.aggregation == "token_mean":
+        return jnp.maximum(jnp.sum(mask), 1.0)
+    if loss.aggregation == "seq_mean_token_mean":
+        return jnp.maximum(jnp.sum(jnp.sum(mask, axis=1) > 0), 1).astype(jnp.float32)
+    length = mask.shape[1] if loss.max_tokens is None else loss.max_tokens
+    return jnp.asarray(mask.shape[0] * length, jnp.float32)
+
+
+class TrainStep:
+    """The compiled train step of one model, loss, optimizer and mesh.
+
+    Args:
+      model: the policy (its structure and config; its params are taken by `init_state`).
+      loss: a loss from `trainer.losses.make_loss`.
+      tx: the optax transformation (build it with ``grad_accum_steps=1``: accumulation happens
+        here, inside one call).
+      mesh: a ("dp", "fsdp") mesh (`trainer.sharding.make_mesh`).
+      temperature: the engines' sampling temperature (> 0); log-probs are computed under it.
+      micro_batches: k >= 1; B must be divisible by k * dp * fsdp.
+      chunk_size: rows per chunk of the fused log-prob kernel.
+      min_shard_bytes: params below this size are replicated.
+
+    A loss with ``kl_coef > 0`` needs a frozen reference policy: call `set_reference` first.
+    """
+
+    def __init__(
+        self,
+        model: Decoder,
+        loss: PolicyLoss,
+        tx: optax.GradientTransformation,
+        mesh: Mesh,
+        *,
+        temperature: float = 1.0,
+        micro_batches: int = 1,
+        chunk_size: int = 1024,
+        min_shard_bytes: int = 1 << 16,
+    ):
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0; got {temperature}")
+        if micro_batches < 1:
+            raise ValueError(f"micro_batches must be >= 1; got {micro_batches}")
+        self.template = ModelTemplate(model)
+        self.loss = loss
+        self.tx = tx
+        self.mesh = mesh
+        self.temperature = float(temperature)
+        self.micro_batches = int(micro_batches)
+        self.chunk_size = int(chunk_size)
+        self.min_shard_bytes = int(min_shard_bytes)
+        self._abstract = {
+            k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in flat_params(model).items()
+        }
+        self._param_shardings = {k: self._place(v) for k, v in self._abstract.items()}
+        self._opt_shardings = jax.tree.map(self._place, jax.eval_shape(tx.init, self._abstract))
+        self._replicated = NamedSharding(mesh, P())
+        self.shardings = TrainState(self._param_shardings, self._opt_shardings, self._replicated)
+        self.ref_params: Params | None = None
+        self._jitted = jax.jit(
+            self._step, out_shardings=(self.shardings, self._replicated), donate_argnums=0
+        )
+
+    def _place(self, leaf: jax.ShapeDtypeStruct) -> NamedSharding:
+        return param_sharding(leaf.shape, leaf.dtype, self.mesh, self.min_shard_bytes)
+
+    def abstract_state(self) -> TrainState:
+        """Shapes, dtypes and shardings of the state (a restore target for orbax)."""
+        params = {
+            k: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=self._param_shardings[k])
+            for k, s in self._abstract.items()
+        }
+        opt = jax.tree.map(
+            lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+            jax.eval_shape(self.tx.init, params),
+            self._opt_shardings,
+        )
+        step = jax.ShapeDtypeStruct((), jnp.int32, sharding=self._replicated)
+        return TrainState(params, opt, step)
+
+    def init_state(self, model: Decoder, step: int = 0) -> TrainState:
+        """Copies of `model`'s params placed on the mesh (the model stays valid: steps donate
+        the state, never the model's arrays) and a fresh optimizer state there."""
+        params = {
+            k: jax.device_put(v, self._param_shardings[k], may_alias=False)
+            for k, v in flat_params(model).items()
+        }
+        opt_state = jax.jit(self.tx.init, out_shardings=self._opt_shardings)(params)
+        return TrainState(params, opt_state, jax.device_put(jnp.int32(step), self._replicated))
+
+    def set_reference(self, model: Decoder) -> None:
+        """Keep a frozen copy of `model`'s params (placed like the policy's) as the reference of
+        the loss's KL term (e.g. the initial checkpoint)."""
+        self.ref_params = {
+            k: jax.device_put(v, self._param_shardings[k], may_alias=False)
+            for k, v in flat_params(model).items()
+        }
+
+    def model(self, state: TrainState) -> Decoder:
+        """The Decoder viewing `state.params` (for publishing weights or evaluation); valid
+        until the next step, which donates the state's buffers."""
+        return self.template.merge(state.params)
+
+    def __call__(self, state: TrainState, batch: RLBatch) -> tuple[TrainState, dict[str, float]]:
+        """One update on `batch` (host numpy, see `trainer.batch.build_rl_batch`).
+
+        `state` is donated: use the returned one. Returns the new state and host floats:
+        ``loss``, ``pg_loss``, ``kl``, ``grad_norm`` (before clipping), ``clip_fraction``,
+        ``ratio_mean`` (token-weighted over micro-batches), ``num_tokens`` (masked tokens).
+
+        Raises:
+          ValueError: if B is not divisible by micro_batches * dp * fsdp, or the loss has a KL
+            term and no reference was set.
+        """
+        if self.loss.kl_coef > 0 and self.ref_params is None:
+            raise ValueError(
+                f"loss {self.loss.name} has kl_coef={self.loss.kl_coef}: call set_reference first"
+            )
+        shards = int(np.prod([self.mesh.shape[a] for a in BATCH_AXES if a in self.mesh.shape]))
+        if batch.num_rows % (self.micro_batches * shards):
+            raise ValueError(
+                f"batch rows {batch.num_rows} must be divisible by micro_batches "
+                f"{self.micro_batches} x batch shards {shards}"
+            )
+        ref = self.ref_params if self.loss.kl_coef > 0 else None
+        new_state, metrics = self._jitted(state, shard_batch(batch, self.mesh), ref)
+        return new_state, {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+    def _logprobs(self, params: Params, mb: RLBatch) -> jax.Array:
+        """[M, L] float32 log-probs of the micro-batch's targets at the sampling temperature."""
+        model = self.template.merge(params)
+        tokens, positions = jnp.asarray(mb.tokens), jnp.asarray(mb.positions)
+        hidden, _ = model.hidden(tokens, positions)  # [M, L, D]
+        return fused_target_logprobs(
+            hidden,
+            model.lm_head_weight(),
+            jnp.asarray(mb.targets),
+            temperature=self.temperature,
+            softcap=self.template.cfg.final_logit_softcap,
+            chunk_size=self.chunk_size,
+        )
+
+    def _loss(self, params: Params, mb: RLBatch, normalizer: jax.Array, ref: Params | None):
+        logp = self._logprobs(params, mb)
+        ref_logp = None if ref is None else jax.lax.stop_gradient(self._logprobs(ref, mb))
+        out = self.loss(mb.loss_inputs(logp, ref_logprobs=ref_logp, normalizer=normalizer))
+        return out.loss, out.metrics
+
+    def _split(self, x: jax.Array) -> jax.Array:
+        """[B, ...] -> [k, M, ...], micro-batch j holding rows {i * k + j}."""
+        k = self.micro_batches
+        x = x.reshape(x.shape[0] // k, k, *x.shape[1:])  # [M, k, ...]
+        x = jnp.swapaxes(x, 0, 1)  # [k, M, ...]
+        spec = P(None, tuple(a for a in BATCH_AXES if a in self.mesh.shape))
+        return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
+
+    def _step(self, state: TrainState, batch: RLBatch, ref: Params | None):
+        normalizer = full_batch_normalizer(self.loss, jnp.asarray(batch.loss_mask))
+        grad_fn = jax.value_and_grad(self._loss, has_aux=True)
+        micro = jax.tree.map(self._split, batch)
+
+        def body(acc, mb):
+            grads, totals = acc
+            (loss, m), g = grad_fn(state.params, mb, normalizer, ref)
+            n = m["num_tokens"]
+            grads = jax.tree.map(jnp.add, grads, g)
+            totals = {
+                "loss": totals["loss"] + loss,
+                "pg_loss": totals["pg_loss"] + m["pg_loss"],
+                "num_tokens": totals["num_tokens"] + n,
+                "clip_fraction": totals["clip_fraction"] + m["clip_fraction"] * n,
+                "ratio_mean": totals["ratio_mean"] + m["ratio_mean"] * n,
+                "kl": totals["kl"] + m["kl"] * n,
+            }
+            return (grads, totals), None
+
+        zeros = jax.tree.map(jnp.zeros_like, state.params)
+        names = ("loss", "pg_loss", "num_tokens", "clip_fraction", "ratio_mean", "kl")
+        init = (zeros, {k: jnp.zeros((), jnp.float32) for k in names})
+        (grads, totals), _ = jax.lax.scan(body, init, micro)
+        tokens = jnp.maximum(totals["num_tokens"], 1.0)
+        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = {
+            "loss": totals["loss"],
+            "pg_loss": totals["pg_loss"],
+            "kl": totals["kl"] / tokens,
+            "grad_norm": optax.tree.norm(grads),
+            "clip_fraction": totals["clip_fraction"] / tokens,
+            "ratio_mean": totals["ratio_mean"] / tokens,
+            "num_tokens": totals["num_tokens"],
+        }
+        return TrainState(params, opt_state, state.step + 1), metrics
