@@ -48,7 +48,7 @@ class HeartbeatThread:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
         self.latest: m.Heartbeat | None = None
-        self.error: GatewayError | None = None
+        self.error: Exception | None = None
 
     def start(self) -> HeartbeatThread:
         """Start beating; returns self."""
@@ -85,3 +85,6 @@ class HeartbeatThread:
                 if e.code == NOT_FOUND:
                     return
                 self._stop.wait(self._interval_s)  # back off after a failure only
+            except ValueError as e:  # grpc raises it for a call on a closed channel
+                self.error = e
+                return

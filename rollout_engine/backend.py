@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gateway.transport.manifest import Manifest
@@ -112,6 +112,21 @@ class RolloutBackend(ABC):
         Raises:
             ValueError: an empty prompt, or a prompt plus `max_tokens` over the context.
             RuntimeError: the backend holds no whole weight version (a failed update).
+        """
+
+    @abstractmethod
+    async def connect_transport(
+        self, transport: dict[str, Any], rank_offset: int = 1, world_size: int | None = None
+    ) -> None:
+        """Join the data plane the gateway agreed (a `gateway.transport.config` dict).
+
+        Args:
+            transport: the transport settings, including the sender's rendezvous address.
+            rank_offset: this engine's first rank in the transport group (the sender is 0).
+            world_size: ranks in the group, or None for 1 + this engine's ranks.
+
+        Raises:
+            TransferError: the rendezvous failed or timed out.
         """
 
     @abstractmethod

@@ -319,14 +319,9 @@ class EngineWorker:
             group = (plan.group, plan.transport)
             if group != self._group:
                 self._group = None
-                connect = getattr(self.backend, "connect_transport", None)
-                if connect is None:
-                    raise TypeError(
-                        f"{type(self.backend).__name__} has no connect_transport(transport, "
-                        "rank_offset, world_size); it cannot join a data plane"
-                    )
                 await asyncio.wait_for(
-                    connect(plan.transport, rank, plan.world_size), self.cfg.connect_timeout_s
+                    self.backend.connect_transport(plan.transport, rank, plan.world_size),
+                    self.cfg.connect_timeout_s,
                 )
                 self._group = group
             stats = await asyncio.wait_for(
@@ -365,7 +360,7 @@ class EngineWorker:
             latest, error = beat.latest, beat.error
             if latest is not None and latest.shutting_down:
                 self._end(SHUTDOWN)
-            elif error is not None and error.code == NOT_FOUND:
+            elif error is not None and getattr(error, "code", None) == NOT_FOUND:
                 self._end(DROPPED)
             elif error is not None:
                 failing_since = failing_since or time.monotonic()

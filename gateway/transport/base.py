@@ -15,6 +15,7 @@ torch is imported lazily inside the helpers, never at module import (the gateway
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -122,9 +123,13 @@ def as_torch(x: Any) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x
     if isinstance(x, np.ndarray):
-        if x.dtype.name == "bfloat16":
-            return torch.from_numpy(np.ascontiguousarray(x).view(np.uint16)).view(torch.bfloat16)
-        return torch.from_numpy(np.ascontiguousarray(x))
+        x = np.ascontiguousarray(x)
+        with warnings.catch_warnings():
+            # JAX hands out read-only buffers; the data plane only reads them, never writes.
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            if x.dtype.name == "bfloat16":
+                return torch.from_numpy(x.view(np.uint16)).view(torch.bfloat16)
+            return torch.from_numpy(x)
     if hasattr(x, "__dlpack__"):
         return torch.from_dlpack(x)
     raise TypeError(f"expected a torch tensor, numpy array or dlpack array, got {type(x)}")
