@@ -221,7 +221,8 @@ class GatewayState(VersionsMixin):
                 engine.in_calls -= 1
                 engine.last_seen = self._clock()
             reply = gpb.LeaseReply(sync=self._directive(engine), shutting_down=self.shutting_down)
-            if engine.engine_id not in self._engines or self.shutting_down:
+            # Re-checked after the wait: a failed ack may have arrived while this call waited.
+            if engine.engine_id not in self._engines or self.shutting_down or engine.failed:
                 return reply
             lease = self._queue.lease(
                 engine.engine_id,
