@@ -4,7 +4,8 @@ weight publisher over gloo, the train step) makes a tiny random model emit one c
 Reward: the fraction of completion tokens (EOS left out) equal to the target token, the token the
 initial model finds likeliest after the prompts' last position (its chance rate is the initial
 reward, well below 0.5). 30 updates must lift the mean reward above 0.5, both synchronous
-(max_lag=0) and asynchronous (max_lag=1: the engine generates while the trainer steps).
+(max_lag=0) and asynchronous (max_lag=1: the engine generates while the trainer steps), with
+the JAX engine and with vLLM.
 """
 
 from __future__ import annotations
@@ -56,16 +57,31 @@ def likeliest_token(model, prompts: list[list[int]]) -> tuple[int, float]:
     return int(probs.argmax()), float(probs.max())
 
 
+ENGINE_ARGS = {
+    "jax": ["--jax-num-slots", "64", "--jax-max-model-len", "32", "--jax-prefill-batch", "8",
+            "--jax-steps-per-call", "8"],
+    "vllm": ["--vllm-max-model-len", "64"],
+}  # fmt: skip
+CPU_VLLM_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("max_lag", [0, 1])
-def test_reward_rises_above_half(tmp_path, tiny_checkpoint, max_lag):
+@pytest.mark.parametrize(
+    ("backend", "max_lag"),
+    [("jax", 0), ("jax", 1), pytest.param("vllm", 1, marks=pytest.mark.vllm)],
+)
+def test_reward_rises_above_half(tmp_path, tiny_checkpoint, backend, max_lag):
     ckpt = tiny_checkpoint("llama", seed=0)
     token_file = tmp_path / "tokens.txt"
     token_file.write_text("".join(f"{k}={v}\n" for k, v in TOKENS.items()))
     cfg = load_config(
         trainer={"steps": STEPS, "prompts_per_step": 8, "logprob_chunk_size": 64},
         rollout={
-            "backend": "jax",
+            "backend": backend,
             "group_size": 8,
             "max_new_tokens": 8,
             "max_lag": max_lag,
@@ -89,13 +105,12 @@ def test_reward_rises_above_half(tmp_path, tiny_checkpoint, max_lag):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
     engine = subprocess.Popen(
         [
-            sys.executable, "-m", "rollout_engine", "--backend", "jax",
+            sys.executable, "-m", "rollout_engine", "--backend", backend,
             "--gateway", server.address, "--token-file", str(token_file), "--model", str(ckpt),
             "--dtype", "float32", "--transports", "gloo", "--log-level", "WARNING",
-            "--jax-num-slots", "64", "--jax-max-model-len", "32", "--jax-prefill-batch", "8",
-            "--jax-steps-per-call", "8",
+            *ENGINE_ARGS[backend],
         ],
-        env=env,
+        env=env | CPU_VLLM_ENV,
     )  # fmt: skip
     publisher = WeightPublisher(client, GlooTransportConfig(), "llama", model_cfg, "float32")
     try:

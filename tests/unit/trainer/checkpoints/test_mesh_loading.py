@@ -30,3 +30,20 @@ def test_fsdp_mesh_load_matches_single_device(tiny_checkpoint):
     want = forward(single, tokens, positions)
     got = forward(sharded, tokens, positions)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
+
+
+def test_sharded_index_checkpoint_loads_like_a_single_file(tiny_checkpoint, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_checkpoint("gemma3")
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="100KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").exists()
+    assert len(list((tmp_path / "sharded").glob("model-*.safetensors"))) > 1
+    _, single = load_hf_checkpoint(path)
+    _, sharded = load_hf_checkpoint(tmp_path / "sharded")
+    want, got = flat_params(single), flat_params(sharded)
+    assert set(want) == set(got)
+    for name in want:
+        np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), err_msg=name)
