@@ -46,11 +46,14 @@ def decode_step(
     Returns:
         The next state.
     """
+    running = state.active & ~state.finished
     with jax.named_scope("forward"):
-        logits, cache = model(state.last[:, None], state.pos[:, None], state.cache)  # [B, 1, V]
+        # Idle slots feed token 0: a forced stop id outside the vocabulary would embed as NaN,
+        # land in the slot's KV cache and poison its next sample (0 · NaN in attention).
+        feed = jnp.where(running, state.last, 0)[:, None]  # [B, 1]
+        logits, cache = model(feed, state.pos[:, None], state.cache)  # [B, 1, V]
     with jax.named_scope("sample"):
         tokens, logprobs = sample(logits[:, 0], step_keys(state.key_data, state.gen_len), sampling)
-    running = state.active & ~state.finished
     with jax.named_scope("stops"):
         d = decide(
             tokens,
