@@ -11,10 +11,10 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from gateway.transport.manifest import Manifest, ManifestError
 from rollout_engine.backend import SamplingConfig, VersionSpan
+from trainer.checkpoints.tiny import make_tiny_checkpoint
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -31,48 +31,11 @@ H = _load_helpers()
 PROMPTS = [[1, 5, 9, 23, 7], [1, 40, 41, 42], [1, 17, 3, 99, 100, 12, 8]]
 
 
-def make_tiny_llama(path: Path, seed: int) -> Path:
-    """A random 2-layer Llama (GQA, 4 query / 2 KV heads of 32: vLLM-CPU needs head_dim >= 32,
-    vocab 128, fp32) and a word-level tokenizer beside it."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=128,
-        hidden_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=256,
-        max_position_embeddings=1024,
-        initializer_range=0.2,
-        tie_word_embeddings=False,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-        dtype="float32",
-    )
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    words = "the a cat dog sat on mat ran far and then sum of two is one three".split()
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3} | {w: i + 4 for i, w in enumerate(words)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        pad_token="<pad>",
-    ).save_pretrained(path)
-    return path
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm_models")
-    a = make_tiny_llama(root / "A", seed=1)
-    b = make_tiny_llama(root / "B", seed=2)
+    a = make_tiny_checkpoint(root / "A", "llama", seed=1)
+    b = make_tiny_checkpoint(root / "B", "llama", seed=2)
     for loop, backend, sender in H.engine_world(a):
         hf = {"A": H.hf_model(a), "B": H.hf_model(b)}
         w = {"loop": loop, "backend": backend, "sender": sender, "A": a, "B": b, "hf": hf}
