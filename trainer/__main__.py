@@ -1,23 +1,74 @@
-"""`python -m trainer COMMAND`: `parity` (the model-parity demo on SmolLM2 or any HF folder)."""
+"""`python -m trainer COMMAND`:
+
+- ``train --config configs/NAME.yaml [key=value ...]``: the main job (gateway, engines and
+  trainer on this machine, or the trainer alone with ``launch.gateway=HOST:PORT``); the config
+  is validated before any heavy import, so ``--help`` and a bad key answer at once;
+- ``parity``: the model-parity demo on SmolLM2 or any HF folder.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import sys
 from pathlib import Path
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parses the command line before any heavy import; returns the exit code."""
-    parser = argparse.ArgumentParser(prog="python -m trainer")
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser(
+        "train",
+        help="run the main job (gateway, engines, trainer)",
+        description="Run the main job. Overrides are section.key=value (e.g. trainer.steps=3 "
+        "rollout.backend=jax); run_dir=PATH sets the run folder.",
+    )
+    train.add_argument("--config", type=Path, required=True, help="YAML config (configs/*.yaml)")
+    train.add_argument("overrides", nargs="*", help="section.key=value overrides")
+    train.add_argument("--log-level", default="WARNING", help="log level of this process")
     parity = sub.add_parser("parity", help="JAX vs transformers on one checkpoint")
     parity.add_argument("--model", type=Path, default=None, help="HF folder (default: SmolLM2)")
     parity.add_argument("--prompt", default="What is 17 + 25? Answer with a number.")
     parity.add_argument("--new-tokens", type=int, default=32)
-    args = parser.parse_args(argv)
+    return parser
 
+
+def _train(args: argparse.Namespace) -> int:
+    from trainer.config import ConfigError
+    from trainer.launch.job_config import load_job_config
+
+    try:
+        job = load_job_config(args.config, args.overrides)
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    from trainer.launch.interrupt import EXIT_INTERRUPTED, install
+
+    install()  # Ctrl-C and SIGTERM stop every child, even during a long train step
+    from trainer.launch.job import run_job
+    from trainer.launch.report import format_summary
+
+    try:
+        result = run_job(job)
+    except KeyboardInterrupt:
+        print("interrupted: every child process was stopped", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(EXIT_INTERRUPTED)  # do not wait for a train step still running in XLA
+    print(format_summary(result))
+    print(f"run folder: {job.run_dir} (metrics.jsonl, job_summary.json, tensorboard/, logs/)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parses the command line before any heavy import; returns the exit code."""
+    args = _parser().parse_args(argv)
+    if args.command == "train":
+        return _train(args)
     if args.command == "parity":
         from trainer.checkpoints.smollm2 import ensure_smollm2
         from trainer.parity import run_parity

@@ -1,0 +1,200 @@
+"""Issue 7: `python -m trainer train --config configs/smoke.yaml` end to end with each backend
+(gateway, one engine process, trainer), and a Ctrl-C that leaves no process behind.
+
+Checked from the run folder: weight versions advance 1..steps, every engine ends on the last
+version, metrics.jsonl and TensorBoard events and the plot are written, held-out accuracy is
+measured at versions 0 and `steps`, and no rollout is lost: prompts submitted = groups trained +
+filtered + in flight at the stop, and every group in flight at the stop came back (fetched and
+waiting in the trainer, or taken back by the final evaluation).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS, PROMPTS, GROUP, EVAL = 4, 4, 4, 4  # configs/smoke.yaml
+
+
+def _command(run_dir: Path, *overrides: str) -> list[str]:
+    return [
+        sys.executable, "-m", "trainer", "train", "--config", "configs/smoke.yaml",
+        f"run_dir={run_dir}", "launch.progress=false", *overrides,
+    ]  # fmt: skip
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    return env | {"JAXRL_CACHE_DIR": str(tmp_path / "cache"), "JAX_PLATFORMS": "cpu"}
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["jax", pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_smoke_job_end_to_end(tmp_path, backend):
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        _command(run_dir, f"rollout.backend={backend}"),
+        cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((run_dir / "job_summary.json").read_text())
+    loop = summary["loop"]
+
+    metrics = _rows(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in metrics] == list(range(1, STEPS + 1))
+    assert [r["version"] for r in metrics] == list(range(1, STEPS + 1))
+    assert all(r["sync_gb_per_s"] > 0 and r["lag_max"] <= 1 for r in metrics)
+    assert (loop["steps"], loop["version"]) == (STEPS, STEPS)
+    assert summary["backend"] == backend
+    assert list(summary["engine_versions"].values()) == [STEPS]  # one engine, on the last
+
+    # no rollout lost
+    assert loop["trained_groups"] == STEPS * PROMPTS
+    filtered = loop["filtered_lag"] + loop["filtered_zero_variance"] + loop["filtered_aborted"]
+    assert loop["submitted"] == loop["trained_groups"] + filtered + loop["in_flight"]
+    back = summary["in_flight_waiting_in_trainer"] + summary["in_flight_drained_after_stop"]
+    assert back == loop["in_flight"]
+    outcomes = Counter(g["outcome"] for g in _rows(run_dir / "groups.jsonl"))
+    assert outcomes["trained"] == loop["trained_groups"]
+    assert sum(outcomes.values()) == loop["submitted"] - loop["in_flight"]
+    assert metrics[-1]["submitted"] == loop["submitted"]
+
+    for tag, version in (("before", 0), ("after", STEPS)):
+        result = summary[f"eval_{tag}"]
+        assert (result["version"], result["problems"], result["samples"]) == (version, EVAL, 1)
+        assert 0.0 <= result["accuracy"] <= 1.0
+        assert len(_rows(run_dir / f"eval_{tag}.jsonl")) == EVAL
+    assert Path(summary["plot"]).read_bytes()[:4] == b"\x89PNG"
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert summary["exit_codes"] == {"gateway": 0, "engine0": 0}
+
+
+def _sessions_of(run_dir: Path) -> set[int]:
+    """Session ids of the session leaders whose command line names `run_dir` (the gateway and
+    the engines; the launcher names it too but runs in the test's session)."""
+    out = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if str(run_dir) in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                sid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[3])
+                if sid == int(proc.name):
+                    out.add(sid)
+        except OSError:
+            continue
+    return out
+
+
+def _alive_in(sessions: set[int]) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) in sessions and fields[0] != "Z":
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_process(tmp_path):
+    run_dir = tmp_path / "run"
+    job = subprocess.Popen(
+        _command(run_dir, "trainer.steps=1000"), cwd=REPO, env=_env(tmp_path),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        metrics = run_dir / "metrics.jsonl"
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            assert job.poll() is None, job.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "no training step within 240 s"
+            time.sleep(0.5)
+        sessions = _sessions_of(run_dir)
+        assert len(sessions) == 2  # the gateway and the engine, each in its own session
+        job.send_signal(signal.SIGINT)
+        assert job.wait(60) == 130
+    finally:
+        if job.poll() is None:
+            job.kill()
+    time.sleep(0.5)
+    assert _alive_in(sessions) == []
+
+
+@pytest.mark.slow
+def test_trainer_joins_a_gateway_started_elsewhere(tmp_path):
+    """The README's separate-hosts recipe on one machine: gateway and engine started by hand,
+    the trainer joins with launch.gateway and starts no process of its own."""
+    from trainer.checkpoints.tiny import make_tiny_checkpoint
+    from trainer.launch.processes import ProcessSet
+
+    env = _env(tmp_path)
+    model = make_tiny_checkpoint(tmp_path / "model", "smollm2", seed=0)
+    tokens = tmp_path / "tokens.txt"
+    port_file = tmp_path / "port"
+    py = sys.executable
+    with ProcessSet(tmp_path / "logs", timeout_s=20) as procs:
+        subprocess.run([py, "-m", "gateway", "make-tokens", str(tokens)], check=True, env=env)
+        procs.start("gateway", [py, "-m", "gateway", "serve", "--token-file", str(tokens),
+                                "--port-file", str(port_file)], env)  # fmt: skip
+        deadline = time.monotonic() + 30
+        while not port_file.exists():
+            procs.check_alive()
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        gw = f"127.0.0.1:{port_file.read_text()}"
+        procs.start("engine", [
+            py, "-m", "rollout_engine", "--backend", "jax", "--gateway", gw, "--token-file",
+            str(tokens), "--model", str(model), "--dtype", "float32", "--transports", "gloo",
+            "--jax-num-slots", "32", "--jax-max-model-len", "128", "--jax-steps-per-call", "8",
+        ], env)  # fmt: skip
+        run_dir = tmp_path / "run"
+        done = subprocess.run(
+            _command(run_dir, f"launch.gateway={gw}", f"launch.token_file={tokens}",
+                     "trainer.steps=2", "eval.size=0"),
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        summary = json.loads((run_dir / "job_summary.json").read_text())
+        assert summary["exit_codes"] == {}  # it started nothing
+        assert list(summary["engine_versions"].values()) == [2]
+        loop = summary["loop"]
+        back = summary["in_flight_waiting_in_trainer"] + summary["in_flight_drained_after_stop"]
+        assert back == loop["in_flight"]
+        assert summary["eval_before"] is None and summary["eval_after"] is None
+        assert procs.wait_all(30)  # the trainer's shutdown ended the gateway's engine
+
+
+@pytest.mark.slow
+def test_rerun_resumes_from_the_checkpoint(tmp_path):
+    """A second run in the same folder restores step 2, pushes version 2 to its fresh engine
+    and trains steps 3..4 on the same metrics.jsonl."""
+    run_dir = tmp_path / "run"
+    for steps in (2, 4):
+        done = subprocess.run(
+            _command(run_dir, f"trainer.steps={steps}", "eval.size=0"),
+            cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+    metrics = _rows(run_dir / "metrics.jsonl")
+    assert [(r["step"], r["version"]) for r in metrics] == [(1, 1), (2, 2), (3, 3), (4, 4)]
+    summary = json.loads((run_dir / "job_summary.json").read_text())
+    assert (summary["loop"]["steps"], summary["loop"]["version"]) == (4, 4)
+    assert list(summary["engine_versions"].values()) == [4]

@@ -1,0 +1,71 @@
+"""Engine and gateway command lines and environments (devices, vLLM's CPU variables)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainer.launch.commands import cpu_bind, engine_argv, engine_env, gateway_argv, trainer_env
+from trainer.launch.job_config import load_job_config
+
+REPO = Path(__file__).resolve().parents[4]
+
+
+def _job(*overrides):
+    return load_job_config(REPO / "configs" / "smoke.yaml", list(overrides))
+
+
+def test_cpu_bind_splits_the_cores():
+    assert [cpu_bind(i, 1, 2) for i in range(1)] == ["0-1"]
+    assert [cpu_bind(i, 2, 8) for i in range(2)] == ["0-3", "4-7"]
+    assert [cpu_bind(i, 3, 8) for i in range(3)] == ["0-1", "2-3", "4-7"]
+    assert [cpu_bind(i, 3, 2) for i in range(3)] == ["0-0", "1-1", "0-0"]
+    with pytest.raises(ValueError, match="index < count"):
+        cpu_bind(2, 2, 4)
+
+
+def test_cpu_engines_get_their_own_host_devices():
+    job = _job("launch.accelerator=cpu", "launch.devices_per_engine=2", "launch.trainer_devices=3")
+    base = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_foo=1", "PATH": "/bin"}
+    env = engine_env(job, 0, base)
+    assert env["XLA_FLAGS"] == "--xla_foo=1 --xla_force_host_platform_device_count=2"
+    assert env["JAX_PLATFORMS"] == "cpu" and env["PATH"] == "/bin"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in env  # jax backend
+    assert trainer_env(job, base)["XLA_FLAGS"].endswith("device_count=3")
+
+
+def test_vllm_cpu_engine_env():
+    job = _job("launch.accelerator=cpu", "rollout.backend=vllm", "launch.vllm_kv_cache_gib=2")
+    env = engine_env(job, 0, {})
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    assert env["VLLM_CPU_OMP_THREADS_BIND"].startswith("0-")
+
+
+def test_gpu_devices_are_disjoint():
+    job = _job("launch.accelerator=gpu", "launch.num_engines=2", "launch.devices_per_engine=2",
+               "launch.trainer_devices=4", "launch.engine_env={FOO: bar}")  # fmt: skip
+    envs = [engine_env(job, i, {"JAX_PLATFORMS": "cpu"}) for i in range(2)]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0,1", "2,3"]
+    assert all("JAX_PLATFORMS" not in e and e["FOO"] == "bar" for e in envs)
+    assert trainer_env(job, {}) == {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
+
+
+def test_engine_argv_switches_backend_only(tmp_path):
+    jax_argv = engine_argv(_job(), 0, "h:1", tmp_path / "t", tmp_path, 96)
+    vllm_argv = engine_argv(_job("rollout.backend=vllm"), 0, "h:1", tmp_path / "t", tmp_path, 96)
+    assert jax_argv[jax_argv.index("--backend") + 1] == "jax"
+    assert vllm_argv[vllm_argv.index("--backend") + 1] == "vllm"
+    assert jax_argv[jax_argv.index("--jax-max-model-len") + 1] == "96"
+    assert vllm_argv[vllm_argv.index("--vllm-max-model-len") + 1] == "96"
+    assert jax_argv[jax_argv.index("--jax-temperature") + 1] == "1.0"
+    common = ["--gateway", "h:1", "--token-file", str(tmp_path / "t"), "--model", str(tmp_path)]
+    assert all(" ".join(common) in " ".join(a) for a in (jax_argv, vllm_argv))
+
+
+def test_gateway_argv(tmp_path):
+    argv = gateway_argv(_job(), tmp_path, "llama")
+    assert argv[argv.index("--token-file") + 1] == str(tmp_path / "tokens.txt")
+    assert argv[argv.index("--family") + 1] == "llama"
+    assert argv[argv.index("--backends") + 1] == "jax"

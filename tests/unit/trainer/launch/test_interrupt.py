@@ -1,0 +1,53 @@
+"""The launcher's signal handling: a main thread that never gets to stop its children is
+overtaken by the watcher, which stops them and exits with 130."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trainer.launch.interrupt import install
+
+REPO = Path(__file__).resolve().parents[4]
+
+# The main thread's handler does nothing, as one stuck in a long XLA call never gets to run it;
+# the wakeup fd (written by the C-level handler) still wakes the watcher.
+STUCK = """
+import os, signal, sys, time
+from trainer.launch.interrupt import install
+from trainer.launch.processes import ProcessSet
+install(grace_s=1.0)
+signal.signal(signal.SIGINT, lambda *_: None)
+procs = ProcessSet(sys.argv[1], timeout_s=5)
+child = procs.start("sleeper", [sys.executable, "-c", "import time; time.sleep(600)"], os.environ)
+print(child.proc.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_watcher_stops_children_when_main_thread_is_stuck(tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STUCK, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        child = int(proc.stdout.readline())
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 130
+        assert 1.0 <= time.monotonic() - t0 < 20
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)
+
+
+def test_install_rejects_a_bad_grace():
+    with pytest.raises(ValueError, match="grace_s must be > 0"):
+        install(grace_s=0)

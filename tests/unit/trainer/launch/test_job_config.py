@@ -1,0 +1,81 @@
+"""The job config: sections, overrides, the run_dir alias and errors that name the key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trainer.config import ConfigError
+from trainer.launch.job_config import load_job_config
+
+REPO = Path(__file__).resolve().parents[4]
+CONFIGS = ["smoke.yaml", "smollm2_arith.yaml", "smollm2_gsm8k.yaml"]
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_shipped_configs_validate(name):
+    job = load_job_config(REPO / "configs" / name)
+    assert job.run.trainer.steps >= 1
+    assert job.run.model.path
+
+
+def test_overrides_reach_every_section(tmp_path):
+    job = load_job_config(
+        REPO / "configs" / "smoke.yaml",
+        [f"run_dir={tmp_path}", "trainer.steps=7", "rollout.backend=vllm", "eval.samples=3",
+         "data.size=10", "launch.num_engines=2"],
+    )  # fmt: skip
+    assert job.run_dir == tmp_path
+    assert job.run.trainer.steps == 7
+    assert job.run.rollout.backend == "vllm"
+    assert (job.eval.samples, job.data.size, job.launch.num_engines) == (3, 10, 2)
+    assert job.engine_dtype == "bfloat16"  # vllm's default on CPU
+    assert load_job_config(REPO / "configs" / "smoke.yaml").engine_dtype == "float32"  # jax
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("eval.sise=2", "eval.sise"),
+        ("trainer.stepz=2", "trainer.stepz"),
+        ("launch.num_engines=0", "launch.num_engines"),
+        ("rollout.backend=sglang", "rollout.backend"),
+        ("data.source=csv", "data.source"),
+        ("nosection.x=1", "nosection"),
+        ("rollout.max_lag", "expected section.key=value"),
+    ],
+)
+def test_bad_override_names_the_key(override, named):
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        load_job_config(REPO / "configs" / "smoke.yaml", [override])
+
+
+def test_unknown_section_in_yaml(tmp_path):
+    file = tmp_path / "bad.yaml"
+    file.write_text("trainer: {steps: 2}\nlaunh: {num_engines: 1}\n")
+    with pytest.raises(ConfigError, match="launh"):
+        load_job_config(file)
+
+
+def test_jax_eval_temperature_must_match_training():
+    with pytest.raises(ConfigError, match="eval.temperature=0.0 differs"):
+        load_job_config(REPO / "configs" / "smoke.yaml", ["eval.temperature=0"])
+    job = load_job_config(
+        REPO / "configs" / "smoke.yaml", ["rollout.backend=vllm", "eval.temperature=0"]
+    )
+    assert job.eval_temperature == 0.0
+
+
+def test_cli_help_and_bad_key_answer_fast():
+    t0 = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "trainer", "train", "--config", "configs/smoke.yaml", "x.y=1"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert "unknown key 'x.y'" in out.stderr
+    assert time.monotonic() - t0 < 10  # no JAX, torch or vLLM import before the config checks

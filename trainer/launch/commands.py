@@ -1,0 +1,133 @@
+"""Command lines and environments of the gateway and engine processes (pure functions).
+
+Devices: on GPUs the engines take CUDA devices ``[i*k, (i+1)*k)`` (k = launch.devices_per_engine)
+and the trainer the `trainer_devices` after them, each through ``CUDA_VISIBLE_DEVICES``. On CPU
+each process gets its own XLA host-device count (``--xla_force_host_platform_device_count``); a
+vLLM engine on CPU gets the variables vLLM's CPU backend needs (DESIGN.md, "Facts of this
+machine"): ``VLLM_CPU_KVCACHE_SPACE`` (GiB), ``VLLM_CPU_OMP_THREADS_BIND`` (its share of the
+cores) and ``VLLM_CPU_NUM_OF_RESERVED_CPU=0``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from trainer.launch.job_config import JobConfig
+
+
+def resolve_accelerator(job: JobConfig) -> str:
+    """The accelerator, "cpu" or "gpu" (launch.accelerator; auto: gpu if nvidia-smi is on PATH)."""
+    acc = job.launch.accelerator
+    if acc == "auto":
+        return "gpu" if shutil.which("nvidia-smi") else "cpu"
+    return acc
+
+
+def _xla_flags(base: str | None, devices: int) -> str:
+    kept = [f for f in (base or "").split() if "xla_force_host_platform_device_count" not in f]
+    return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
+
+
+def cpu_bind(index: int, count: int, cores: int) -> str:
+    """Engine `index`'s share of `cores` CPU cores as "first-last" (every engine at least one).
+
+    Raises:
+      ValueError: index outside [0, count) or count/cores < 1.
+    """
+    if count < 1 or cores < 1 or not 0 <= index < count:
+        raise ValueError(f"need 0 <= index < count and cores >= 1; got {index}, {count}, {cores}")
+    if count >= cores:
+        core = index % cores
+        return f"{core}-{core}"
+    per = cores // count
+    first = index * per
+    last = cores - 1 if index == count - 1 else first + per - 1
+    return f"{first}-{last}"
+
+
+def trainer_env(job: JobConfig, base: Mapping[str, str]) -> dict[str, str]:
+    """Variables the trainer process must set before importing JAX (its own devices)."""
+    if resolve_accelerator(job) == "gpu":
+        first = job.launch.num_engines * job.launch.devices_per_engine
+        ids = range(first, first + job.launch.trainer_devices)
+        return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, ids))}
+    return {
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": _xla_flags(base.get("XLA_FLAGS"), job.launch.trainer_devices),
+    }
+
+
+def engine_env(job: JobConfig, index: int, base: Mapping[str, str]) -> dict[str, str]:
+    """The whole environment of engine `index`: `base` plus its devices and backend variables,
+    then launch.engine_env."""
+    launch = job.launch
+    env = dict(base)
+    k = launch.devices_per_engine
+    if resolve_accelerator(job) == "gpu":
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(index * k, (index + 1) * k))
+        env.pop("JAX_PLATFORMS", None)
+    else:
+        env["JAX_PLATFORMS"] = "cpu"
+        env["XLA_FLAGS"] = _xla_flags(base.get("XLA_FLAGS"), k)
+        if job.run.rollout.backend == "vllm":
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(launch.vllm_kv_cache_gib)
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind(
+                index, launch.num_engines, os.cpu_count() or 1
+            )
+            env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    env.update(launch.engine_env)
+    return env
+
+
+def gateway_argv(job: JobConfig, run_dir: Path, family: str) -> list[str]:
+    """``python -m gateway serve ...`` for this run (tokens and port file in `run_dir`)."""
+    launch = job.launch
+    return [
+        sys.executable, "-m", "gateway", "serve",
+        "--host", launch.host, "--port", str(launch.port),
+        "--token-file", str(run_dir / "tokens.txt"),
+        "--port-file", str(run_dir / "gateway.port"),
+        "--family", family, "--dtype", job.engine_dtype, "--transport", "gloo",
+        "--backends", job.run.rollout.backend,
+        "--max-workers", str(max(64, 8 * launch.num_engines + 16)),
+        "--log-level", "WARNING",
+    ]  # fmt: skip
+
+
+def engine_argv(
+    job: JobConfig, index: int, address: str, token_file: Path, model: Path, max_model_len: int
+) -> list[str]:
+    """``python -m rollout_engine ...`` of engine `index` (`max_model_len`: prompt + new tokens
+    positions the engine must hold)."""
+    launch, rollout = job.launch, job.run.rollout
+    argv = [
+        sys.executable, "-m", "rollout_engine", "--backend", rollout.backend,
+        "--gateway", address, "--token-file", str(token_file), "--model", str(model),
+        "--dtype", job.engine_dtype, "--transports", "gloo", "--name", f"engine{index}",
+        "--log-level", "WARNING",
+        "--max-concurrent-prompts", str(launch.max_concurrent_prompts),
+    ]  # fmt: skip
+    if rollout.backend == "vllm":
+        argv += [
+            "--vllm-tensor-parallel-size", str(launch.devices_per_engine),
+            "--vllm-max-model-len", str(max_model_len),
+            "--vllm-kv-cache-gib", str(launch.vllm_kv_cache_gib),
+            "--vllm-seed", str(job.run.trainer.seed + index),
+        ]  # fmt: skip
+    else:
+        argv += [
+            "--jax-num-slots", str(launch.jax_num_slots),
+            "--jax-max-model-len", str(max_model_len),
+            "--jax-prefill-batch", str(launch.jax_prefill_batch),
+            "--jax-steps-per-call", str(launch.jax_steps_per_call),
+            "--jax-devices-per-replica", str(launch.devices_per_engine),
+            "--jax-temperature", str(rollout.temperature),
+            "--jax-top-k", str(rollout.top_k),
+            "--jax-top-p", str(rollout.top_p),
+            "--jax-seed", str(job.run.trainer.seed + index),
+        ]  # fmt: skip
+    return argv

@@ -1,0 +1,119 @@
+"""The main job (`python -m trainer train`): gateway, engines and trainer on one machine.
+
+`run_job(job)`:
+1. resolves the checkpoint (`model_source`), loads the tokenizer and the problems, and sizes the
+   engines' context (longest prompt + new tokens);
+2. starts the gateway and the engines (`stack`), or joins ``launch.gateway`` when the serving
+   side runs elsewhere; configures the run (family, engine dtype, gloo);
+3. loads the policy into JAX and builds the train step while the engines start;
+4. evaluates the held-out split (version 0 or the resumed one), runs `AsyncTrainer` with a
+   progress bar and TensorBoard, evaluates again at the final version (taking back every
+   training group still in flight at the stop), plots reward and lag;
+5. shuts the gateway down (engines exit on their own), then stops every child process
+   (SIGTERM, then SIGKILL after launch.stop_timeout_s). An exception or Ctrl-C stops them too.
+
+Its result (also ``RUN_DIR/job_summary.json``) holds the loop totals, the in-flight groups
+taken back after the stop, the engines' final versions, held-out accuracy before and after,
+the wall time and the plot's path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainer.launch.commands import trainer_env
+from trainer.launch.job_config import JobConfig
+
+log = logging.getLogger(__name__)
+
+
+def _context_length(lengths: list[int], new_tokens: int) -> int:
+    """Positions an engine needs: the longest prompt plus `new_tokens`, rounded up to 16."""
+    return int(math.ceil((max(lengths) + new_tokens) / 16) * 16)
+
+
+def run_job(job: JobConfig) -> dict[str, Any]:
+    """Run the whole job; returns the job summary (see the module docstring).
+
+    Raises:
+      RuntimeError: a child process exited early (its log's tail inside); TimeoutError: engines
+        did not register, or rollouts did not come; whatever the trainer raised.
+    """
+    t_start = time.monotonic()
+    run_dir = job.run_dir.absolute()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(_plain(job), sort_keys=False))
+    for key, value in trainer_env(job, os.environ).items():
+        os.environ[key] = value  # before JAX is imported: the trainer's own devices
+
+    from transformers import AutoTokenizer
+
+    from gateway import messages as m
+    from gateway.client import GatewayClient
+    from trainer.checkpoints.hf_io import read_hf_config
+    from trainer.launch.data import load_job_data, make_decoder, make_encoder
+    from trainer.launch.model_source import resolve_model
+    from trainer.launch.processes import ProcessSet
+    from trainer.launch.stack import start_engines, start_gateway
+    from trainer.models.config import ModelConfig
+
+    # math-verify warns on every call that its signal-based timeout is off (scoring runs in
+    # threads, see trainer.rewards.math_verifier): keep that off the progress bar
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    model_path = resolve_model(job.run.model.path, job.run.trainer.seed)
+    family = ModelConfig.from_hf(read_hf_config(model_path)).family
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    data = load_job_data(job)
+    encode = make_encoder(tokenizer, job.data.system_prompt)
+    lengths = [len(encode(p)) for p in [*data.train, *data.held_out]]
+    new_tokens = max(job.run.rollout.max_new_tokens, job.eval.max_new_tokens or 0)
+    max_len = _context_length(lengths, new_tokens)
+    log.info("%d training / %d held-out problems; context %d", len(data.train),
+             len(data.held_out), max_len)  # fmt: skip
+
+    launch = job.launch
+    with ProcessSet(run_dir / "logs", launch.stop_timeout_s) as procs:
+        if launch.gateway:
+            address = launch.gateway
+            token_file = Path(launch.token_file or run_dir / "tokens.txt")
+        else:
+            address = start_gateway(job, procs, run_dir, family)
+            token_file = run_dir / "tokens.txt"
+        client = GatewayClient.from_token_file(address, token_file, "trainer", margin_s=10.0)
+        try:
+            client.wait_ready(30.0)
+            settings = m.RunSettings(
+                model_family=family, dtype=job.engine_dtype, transport="gloo",
+                backends=(job.run.rollout.backend,),
+            )  # fmt: skip
+            client.configure(settings)
+            if not launch.gateway:
+                start_engines(job, procs, address, token_file, model_path, max_len)
+            from trainer.launch.training import train_and_evaluate
+
+            result = train_and_evaluate(
+                job, client, procs, model_path, data, encode, make_decoder(tokenizer)
+            )
+            client.shutdown("the training job finished")
+        finally:
+            client.close()
+        procs.wait_all(launch.stop_timeout_s)
+        result["exit_codes"] = procs.stop_all()
+    result["wall_time_s"] = time.monotonic() - t_start
+    (run_dir / "job_summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def _plain(job: JobConfig) -> dict[str, Any]:
+    """The job config as plain YAML-able data (the run's sections at the top level)."""
+    out = job.run.model_dump(mode="json")
+    out.update({k: getattr(job, k).model_dump(mode="json") for k in ("data", "eval", "launch")})
+    return out

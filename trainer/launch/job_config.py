@@ -1,0 +1,221 @@
+"""The main job's config: the run's `trainer.config.Config` plus the data, eval and launch
+sections. Imports no ML library, so `python -m trainer train --help` and a bad key answer at once.
+
+One YAML file holds every section::
+
+    model: {path: smollm2}            # an HF folder, "smollm2" or "tiny:VARIANT"
+    trainer: {steps: 30, ...}         # trainer.config sections, validated there
+    rollout: {backend: vllm, ...}
+    data: {source: reasoning_gym, task: chain_sum, task_config: {min_terms: 2, max_terms: 2}}
+    eval: {size: 32}
+    launch: {num_engines: 1}
+
+Overrides are ``section.key=value`` (YAML scalars); ``run_dir=PATH`` is short for
+``trainer.run_dir=PATH``. A wrong key or value raises `ConfigError` naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trainer.config import Config, ConfigError, load_config
+
+JOB_SECTIONS = ("data", "eval", "launch")
+ALIASES = {"run_dir": "trainer.run_dir"}
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, validate_default=True, use_attribute_docstrings=True
+    )
+
+
+class DataSection(_Section):
+    """Where training and held-out problems come from."""
+
+    source: Literal["reasoning_gym", "gsm8k"] = "reasoning_gym"
+    """reasoning_gym (procedural, offline) or gsm8k (a JSONL file, math-verify)."""
+    task: str = "chain_sum"
+    """reasoning-gym dataset name (source=reasoning_gym)."""
+    task_config: dict[str, Any] = Field(default_factory=dict)
+    """reasoning-gym dataset settings, e.g. {min_terms: 2, max_terms: 2}."""
+    size: int = Field(default=2000, ge=1)
+    """Training problems (reasoning-gym: generated; gsm8k: the first `size` lines)."""
+    path: str = "../shared/data/gsm8k/train.jsonl"
+    """GSM8K training JSONL (source=gsm8k); relative paths are from the working folder."""
+    eval_path: str = ""
+    """GSM8K held-out JSONL; empty: the held-out split is the last eval.size lines of `path`
+    (never trained on). reasoning-gym's held-out split uses seed trainer.seed + 1."""
+    verifier: str | None = None
+    """Verifier registry name scoring every problem; None: the source's own (reasoning-gym's
+    checker of the last line or <answer> tag; math-verify for gsm8k). "math" scores
+    reasoning-gym arithmetic by the final number of a free-form answer."""
+    system_prompt: str | None = None
+    """System message of the chat template; None: the tokenizer's default."""
+    suffix: str = ""
+    """Text appended to every question (an instruction on the answer format)."""
+
+
+class EvalSection(_Section):
+    """Held-out accuracy before and after training, through the same engines (eval prompts)."""
+
+    size: int = Field(default=32, ge=0)
+    """Held-out problems; 0 switches the evaluation off."""
+    samples: int = Field(default=1, ge=1)
+    """Completions per held-out problem; accuracy is their mean reward."""
+    temperature: float | None = Field(default=None, ge=0)
+    """Eval sampling temperature (0: greedy); None: rollout.temperature. The JAX engine
+    compiles its sampling in, so with rollout.backend=jax it must equal rollout.temperature."""
+    max_new_tokens: int | None = Field(default=None, ge=1)
+    """None: rollout.max_new_tokens."""
+    timeout_s: float = Field(default=600.0, gt=0)
+    """Most seconds one evaluation waits for its groups."""
+
+
+class LaunchSection(_Section):
+    """The processes the launcher starts on this machine."""
+
+    num_engines: int = Field(default=1, ge=1)
+    """Engine processes."""
+    devices_per_engine: int = Field(default=1, ge=1)
+    """Devices each engine gets (CPU: XLA host devices; GPU: CUDA_VISIBLE_DEVICES ids)."""
+    trainer_devices: int = Field(default=1, ge=1)
+    """Devices of the trainer's mesh (GPU: the ids after the engines')."""
+    accelerator: Literal["auto", "cpu", "gpu"] = "auto"
+    """auto: gpu when nvidia-smi is on PATH, else cpu."""
+    engine_dtype: Literal["float32", "bfloat16"] | None = None
+    """Engine dtype and weight-push wire dtype; None: bfloat16 for vllm, float32 for jax (the
+    faster one of each on CPU)."""
+    gateway: str = ""
+    """HOST:PORT of a gateway started elsewhere: then this process only trains (no gateway or
+    engines started here) and waits for num_engines engines to register. Empty: start both."""
+    token_file: str = ""
+    """Token file of that gateway (`python -m gateway make-tokens`); empty: RUN_DIR/tokens.txt."""
+    host: str = "127.0.0.1"
+    """Interface the gateway listens on."""
+    data_plane_host: str = "127.0.0.1"
+    """Address engines reach the trainer's gloo rendezvous at (this host's, seen by them)."""
+    port: int = Field(default=0, ge=0, le=65535)
+    """Gateway port; 0 picks a free one."""
+    max_concurrent_prompts: int = Field(default=16, ge=1)
+    """Prompt groups one engine generates at once."""
+    jax_num_slots: int = Field(default=32, ge=1)
+    """JAX engine: samples decoded together."""
+    jax_prefill_batch: int = Field(default=8, ge=1)
+    jax_steps_per_call: int = Field(default=16, ge=1)
+    vllm_kv_cache_gib: int = Field(default=1, ge=1)
+    """vLLM: KV cache GiB (VLLM_CPU_KVCACHE_SPACE on CPU)."""
+    engine_env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables of every engine process."""
+    start_timeout_s: float = Field(default=600.0, gt=0)
+    """Most seconds to wait for every engine to register."""
+    stop_timeout_s: float = Field(default=30.0, gt=0)
+    """Seconds a process gets to exit after SIGTERM before SIGKILL."""
+    progress: bool = True
+    """Show the progress bar."""
+
+
+class JobConfig(_Section):
+    """A whole job: the run (`Config`) and how to launch and feed it."""
+
+    run: Config
+    data: DataSection = Field(default_factory=DataSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
+    launch: LaunchSection = Field(default_factory=LaunchSection)
+
+    @model_validator(mode="after")
+    def _eval_sampling(self) -> JobConfig:
+        t = self.eval.temperature
+        if (
+            self.run.rollout.backend == "jax"
+            and t is not None
+            and t != self.run.rollout.temperature
+        ):
+            raise ValueError(
+                f"eval.temperature={t} differs from rollout.temperature="
+                f"{self.run.rollout.temperature}: the JAX engine samples every prompt with the "
+                "temperature compiled into it; leave eval.temperature unset or use the same one"
+            )
+        return self
+
+    @property
+    def engine_dtype(self) -> str:
+        """The engines' dtype (also the wire dtype of weight pushes)."""
+        if self.launch.engine_dtype is not None:
+            return self.launch.engine_dtype
+        return "bfloat16" if self.run.rollout.backend == "vllm" else "float32"
+
+    @property
+    def eval_temperature(self) -> float:
+        """The eval sampling temperature."""
+        t = self.eval.temperature
+        return self.run.rollout.temperature if t is None else t
+
+    @property
+    def run_dir(self) -> Path:
+        """The run folder (trainer.run_dir)."""
+        return Path(self.run.trainer.run_dir)
+
+
+def _split_override(item: str) -> tuple[str, str]:
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"override {item!r}: expected section.key=value")
+    return ALIASES.get(key, key), raw
+
+
+def _set_job(tree: dict[str, Any], key: str, raw: str) -> None:
+    section, _, rest = key.partition(".")
+    model = JobConfig.model_fields[section].annotation
+    assert isinstance(model, type) and issubclass(model, BaseModel)
+    if not rest or "." in rest or rest not in model.model_fields:
+        raise ConfigError(
+            f"unknown key {key!r}: {section} has no {rest!r}; known: {sorted(model.model_fields)}"
+        )
+    tree.setdefault(section, {})[rest] = yaml.safe_load(raw) if raw.strip() else None
+
+
+def load_job_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> JobConfig:
+    """Validate a job YAML (optional) and ``key=value`` overrides.
+
+    The model/trainer/loss/optim/rollout sections go to `trainer.config.load_config`; data, eval
+    and launch are validated here.
+
+    Raises:
+      ConfigError: a missing file, YAML that is not a mapping, an unknown key or a bad value;
+        the message names the dotted key.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"config file {file} does not exist")
+        loaded = yaml.safe_load(file.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(
+                f"{file}: expected a mapping of sections, got {type(loaded).__name__}"
+            )
+        data = loaded
+    job = {k: dict(data.pop(k) or {}) for k in JOB_SECTIONS if k in data}
+    run_overrides = []
+    for item in overrides:
+        key, raw = _split_override(item)
+        if key.partition(".")[0] in JOB_SECTIONS:
+            _set_job(job, key, raw)
+        else:
+            run_overrides.append(f"{key}={raw}")
+    run = load_config(None, run_overrides, **data)
+    try:
+        return JobConfig.model_validate({"run": run, **job})
+    except ValidationError as err:
+        first = err.errors()[0]
+        if not first["loc"]:
+            raise ConfigError(f"config: {first['msg']}") from None
+        loc = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"{loc}: {first['msg']} (got {first.get('input')!r})") from None

@@ -1,0 +1,150 @@
+"""Child processes of the launcher, each in its own process group, stopped with no orphans.
+
+`ProcessSet.start` runs a command in a new session (its own process group), its stdout and
+stderr appended to a log file. `ProcessSet.stop_all` sends SIGTERM to every group, waits up to
+`timeout_s`, then SIGKILLs the groups still alive, so a child's own children (vLLM's engine core
+and workers) go too. It is idempotent and runs from `__exit__`, so an exception or Ctrl-C in
+the launcher stops every child. `live_sets` lists the sets of this process (for
+`trainer.launch.interrupt`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Child:
+    """One started process: its name, `Popen`, and log file."""
+
+    name: str
+    proc: subprocess.Popen
+    log_path: Path
+    _log_file: IO[bytes]
+
+    def alive(self) -> bool:
+        """True while the process has not exited."""
+        return self.proc.poll() is None
+
+    def tail(self, lines: int = 20) -> str:
+        """The last `lines` lines of its log (for error messages)."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+class ProcessSet:
+    """The launcher's children.
+
+    Args:
+      log_dir: folder of the ``NAME.log`` files (created).
+      timeout_s: seconds between SIGTERM and SIGKILL in `stop_all` (> 0).
+    """
+
+    def __init__(self, log_dir: str | Path, timeout_s: float = 30.0) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0; got {timeout_s}")
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.timeout_s = timeout_s
+        self.children: list[Child] = []
+        self.stopping = False
+        _LIVE.add(self)
+
+    def start(self, name: str, argv: Sequence[str], env: Mapping[str, str]) -> Child:
+        """Start `argv` with exactly the environment `env` in a new process group.
+
+        Raises:
+          ValueError: a name already used; OSError: the program cannot be started.
+        """
+        if any(c.name == name for c in self.children):
+            raise ValueError(f"a child named {name!r} already exists")
+        path = self.log_dir / f"{name}.log"
+        log_file = path.open("ab")
+        proc = subprocess.Popen(
+            list(argv),
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        child = Child(name, proc, path, log_file)
+        self.children.append(child)
+        log.info("started %s (pid %d), log %s", name, proc.pid, path)
+        return child
+
+    def check_alive(self) -> None:
+        """Raise if a child exited.
+
+        Raises:
+          RuntimeError: names the child, its exit status and its log's last lines.
+        """
+        for child in self.children:
+            code = child.proc.poll()
+            if code is not None:
+                raise RuntimeError(
+                    f"{child.name} exited with status {code}; last lines of {child.log_path}:\n"
+                    f"{child.tail()}"
+                )
+
+    def wait_all(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` seconds for every child to exit by itself; True if all did."""
+        deadline = time.monotonic() + timeout_s
+        for child in self.children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.proc.wait(max(0.0, deadline - time.monotonic()))
+        return not any(c.alive() for c in self.children)
+
+    def stop_all(self) -> dict[str, int]:
+        """SIGTERM every child's group, SIGKILL those alive after `timeout_s`; returns each
+        child's exit status (negative: the signal that ended it)."""
+        self.stopping = True
+        for child in self.children:
+            if child.alive():
+                _signal_group(child.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.timeout_s
+        for child in self.children:
+            try:
+                child.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("%s ignored SIGTERM for %.0f s: SIGKILL", child.name, self.timeout_s)
+        for child in self.children:
+            # the group may outlive its leader (vLLM's engine core): kill what is left of it
+            _signal_group(child.proc.pid, signal.SIGKILL)
+            child.proc.wait()
+            child._log_file.close()
+        return {c.name: int(c.proc.returncode) for c in self.children}
+
+    def __enter__(self) -> ProcessSet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_all()
+
+
+_LIVE: weakref.WeakSet[ProcessSet] = weakref.WeakSet()
+
+
+def live_sets() -> list[ProcessSet]:
+    """Every `ProcessSet` of this process that is not garbage yet."""
+    return list(_LIVE)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)

@@ -1,0 +1,163 @@
+"""What a user sees of a run: a tqdm progress bar, TensorBoard scalars and, at the end, a PNG
+plot of reward and lag per step.
+
+`Reporter.on_metrics(row)` takes each line the trainer appends to ``metrics.jsonl`` (a dict of
+step metrics, see `trainer.loop`): the bar shows step, mean reward, mean lag and rollout
+tokens/s; every numeric entry becomes a TensorBoard scalar under ``RUN_DIR/tensorboard`` at its
+step. `plot_metrics` reads ``metrics.jsonl`` back and draws the plot with matplotlib (Agg).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+PLOT_NAME = "reward_lag.png"
+
+
+class Reporter:
+    """Progress bar and TensorBoard writer of one run.
+
+    Args:
+      run_dir: the run folder (TensorBoard events go to ``run_dir/tensorboard``).
+      total_steps: the bar's length. first_step: steps already done (a resumed run).
+      show_bar: draw the bar (False: TensorBoard only).
+    """
+
+    def __init__(
+        self, run_dir: str | Path, total_steps: int, first_step: int = 0, show_bar: bool = True
+    ) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+        from tqdm import tqdm
+
+        self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+        self.bar = tqdm(
+            total=total_steps, initial=first_step, desc="train", unit="step", disable=not show_bar
+        )
+
+    def on_metrics(self, row: dict[str, Any]) -> None:
+        """One step's metrics: advance the bar, write the scalars.
+
+        Raises:
+          KeyError: the row has no "step".
+        """
+        step = int(row["step"])
+        for key, value in row.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                self.writer.add_scalar(key, float(value), step)
+        self.writer.flush()
+        self.bar.set_postfix(
+            reward=f"{row.get('reward_mean', float('nan')):.3f}",
+            lag=f"{row.get('lag_mean', float('nan')):.2f}",
+            tok_s=f"{row.get('tokens_per_s', float('nan')):.0f}",
+            refresh=False,
+        )
+        self.bar.update(1)
+
+    def on_eval(self, tag: str, accuracy: float, step: int) -> None:
+        """A held-out accuracy ("eval/accuracy" at `step`) and a line under the bar."""
+        self.writer.add_scalar("eval/accuracy", accuracy, step)
+        self.writer.flush()
+        self.bar.write(f"held-out accuracy {tag} (step {step}): {accuracy:.3f}")
+
+    def close(self) -> None:
+        """Close the bar and the writer."""
+        self.bar.close()
+        self.writer.close()
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The rows of ``run_dir/metrics.jsonl`` (empty when it does not exist)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_metrics(run_dir: str | Path) -> Path:
+    """Draw mean reward (with +-1 std band) and mean/max lag per step into
+    ``run_dir/reward_lag.png``; returns its path.
+
+    Raises:
+      ValueError: metrics.jsonl has no rows.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rows = read_metrics(run_dir)
+    if not rows:
+        raise ValueError(f"{Path(run_dir) / 'metrics.jsonl'} has no rows to plot")
+    steps = np.array([r["step"] for r in rows])
+    reward = np.array([r["reward_mean"] for r in rows])
+    std = np.array([r.get("reward_std", 0.0) for r in rows])
+    fig, (ax_r, ax_l) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    ax_r.plot(steps, reward, marker="o", ms=3, label="mean reward")
+    ax_r.fill_between(steps, reward - std, reward + std, alpha=0.2, label="+-1 std")
+    ax_r.set_ylabel("reward")
+    ax_r.legend(loc="best")
+    ax_r.grid(alpha=0.3)
+    ax_l.plot(steps, [r["lag_mean"] for r in rows], marker="o", ms=3, label="mean lag")
+    ax_l.plot(steps, [r["lag_max"] for r in rows], ls="--", label="max lag")
+    ax_l.set_ylabel("lag (versions)")
+    ax_l.set_xlabel("step")
+    ax_l.legend(loc="best")
+    ax_l.grid(alpha=0.3)
+    fig.suptitle(f"{Path(run_dir).name}: reward and lag per step")
+    fig.tight_layout()
+    out = Path(run_dir) / PLOT_NAME
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+class MetricsTail:
+    """The rows appended to a metrics.jsonl since the last call (rows already there when it is
+    made are skipped: a resumed run's earlier steps)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._offset = self.path.stat().st_size if self.path.exists() else 0
+
+    def new_rows(self) -> list[dict[str, Any]]:
+        """Complete lines written since the last call, parsed."""
+        if not self.path.exists():
+            return []
+        with self.path.open("rb") as f:
+            f.seek(self._offset)
+            chunk = f.read()
+        end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next call
+        self._offset += end
+        return [json.loads(line) for line in chunk[:end].decode().splitlines() if line.strip()]
+
+
+def format_summary(result: dict[str, Any]) -> str:
+    """The few lines printed at the end of a job: steps, reward of the first and last 5 steps,
+    held-out accuracy before and after, wall time and where the outputs are."""
+    loop = result["loop"]
+    lines = [
+        f"{loop['steps']} steps ({result['backend']} engines), weight version {loop['version']}; "
+        f"groups: {loop['submitted']} submitted, {loop['trained_groups']} trained, "
+        f"{loop['filtered_lag'] + loop['filtered_zero_variance'] + loop['filtered_aborted']} "
+        f"filtered, {loop['in_flight']} in flight at the stop",
+    ]
+    if result.get("reward_first5") is not None:
+        lines.append(
+            f"mean reward: first 5 steps {result['reward_first5']:.3f}, "
+            f"last 5 steps {result['reward_last5']:.3f}"
+        )
+    before, after = result.get("eval_before"), result.get("eval_after")
+    if before and after:
+        lines.append(
+            f"held-out accuracy ({after['problems']} problems x {after['samples']}): "
+            f"{before['accuracy']:.3f} before (v{before['version']}) -> "
+            f"{after['accuracy']:.3f} after (v{after['version']})"
+        )
+    if "wall_time_s" in result:
+        lines.append(f"wall time {result['wall_time_s']:.0f} s")
+    if result.get("plot"):
+        lines.append(f"plot: {result['plot']}")
+    return "\n".join(lines)

@@ -1,0 +1,166 @@
+"""The trainer's part of the main job, once the gateway answers and engines are starting.
+
+Builds the model, train step, checkpointer (resuming from ``RUN_DIR/checkpoints`` when asked),
+weight publisher (gloo) and rollout source; evaluates the held-out split, trains
+``trainer.steps`` updates with a progress bar and TensorBoard, evaluates again at the final
+version while taking back the training groups still in flight, and plots reward and lag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from gateway import messages as m
+from gateway.client import GatewayClient
+from gateway.transport.config import GlooTransportConfig
+from trainer.build import train_step_from_config
+from trainer.checkpointing import Checkpointer
+from trainer.checkpoints.hf_io import load_hf_checkpoint
+from trainer.launch.data import JobData
+from trainer.launch.evaluate import EvalResult, drain_training_groups, evaluate
+from trainer.launch.job_config import JobConfig
+from trainer.launch.processes import ProcessSet
+from trainer.launch.report import MetricsTail, Reporter, plot_metrics, read_metrics
+from trainer.launch.stack import wait_for_engines
+from trainer.loop import AsyncTrainer
+from trainer.publish import WeightPublisher
+from trainer.rewards import ProblemStream, ScoringPool
+from trainer.rewards.base import Problem
+from trainer.rollout_source import RolloutSource
+from trainer.sharding import make_mesh
+
+
+class ReportingTrainer(AsyncTrainer):
+    """`AsyncTrainer` that calls `before_update` (e.g. a check that the engine processes live;
+    it raises to stop the run) before each update and hands every metrics row it writes to
+    `on_metrics` (a callback taking the row's dict) right after it."""
+
+    def __init__(
+        self,
+        *args: Any,
+        on_metrics: Callable[[dict[str, Any]], None],
+        before_update: Callable[[], None],
+        **kwargs: Any,
+    ):
+        super().__init__(*args, **kwargs)
+        self._on_metrics = on_metrics
+        self._before_update = before_update
+        self._tail = MetricsTail(self.run_dir / "metrics.jsonl")
+
+    def _one_update(self) -> None:
+        self._before_update()
+        super()._one_update()
+        for row in self._tail.new_rows():
+            self._on_metrics(row)
+
+
+def _sampling(job: JobConfig, temperature: float, new_tokens: int) -> m.SamplingParams:
+    r = job.run.rollout
+    return m.SamplingParams(
+        temperature=temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=new_tokens
+    )
+
+
+def train_and_evaluate(
+    job: JobConfig,
+    client: GatewayClient,
+    procs: ProcessSet,
+    model_path: Path,
+    data: JobData,
+    encode: Callable[[Problem], Sequence[int]],
+    decode: Callable[[Sequence[int]], str],
+) -> dict[str, Any]:
+    """Train and evaluate (see the module docstring); returns the job summary's fields.
+
+    Raises:
+      RuntimeError: a child exited; TimeoutError: engines, rollouts or eval groups too late.
+    """
+    cfg, launch, run_dir = job.run, job.launch, job.run_dir.absolute()
+    devices = jax.devices()[: launch.trainer_devices]
+    mesh = make_mesh(cfg.trainer.dp, cfg.trainer.fsdp, devices=devices)
+    model_cfg, model = load_hf_checkpoint(
+        model_path, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype
+    )
+    step = train_step_from_config(cfg, model, mesh)
+    checkpointer = Checkpointer(run_dir / "checkpoints", cfg.trainer.max_checkpoints)
+    state, version, position, rng = step.init_state(model), 0, 0, None
+    if cfg.trainer.resume and checkpointer.latest_step() is not None:
+        state, progress = checkpointer.restore(step.abstract_state())
+        version, position, rng = progress.weight_version, progress.data_position, progress.rng
+    engine_ids = wait_for_engines(
+        client, launch.num_engines, launch.start_timeout_s, None if launch.gateway else procs
+    )
+    transport = GlooTransportConfig.model_validate({"host": launch.data_plane_host})
+    publisher = WeightPublisher(client, transport, model_cfg.family, model_cfg, job.engine_dtype)
+    reporter = Reporter(run_dir, cfg.trainer.steps, int(state.step), show_bar=launch.progress)
+    r = cfg.rollout
+    eval_sampling = _sampling(
+        job, job.eval_temperature, job.eval.max_new_tokens or r.max_new_tokens
+    )
+    pad_id = int(model_cfg.eos_token_ids[0]) if model_cfg.eos_token_ids else 0
+    try:
+        with ScoringPool(max_workers=r.scoring_workers, decode=decode) as scoring:
+
+            def held_out(tag: str, at: int, expect_drained: int = 0) -> EvalResult:
+                result = evaluate(
+                    client, data.held_out, encode, scoring, eval_sampling,
+                    samples=job.eval.samples, version=at, tag=tag,
+                    timeout_s=job.eval.timeout_s, expect_drained=expect_drained,
+                    out_dir=run_dir, decode=decode,
+                )  # fmt: skip
+                reporter.on_eval(tag, result.accuracy, int(trainer.state.step))
+                return result
+
+            source = RolloutSource(
+                client,
+                ProblemStream(data.train, seed=cfg.trainer.seed, position=position),
+                encode,
+                scoring,
+                group_size=r.group_size,
+                sampling=_sampling(job, r.temperature, r.max_new_tokens),
+                fetch_timeout_s=r.fetch_timeout_s,
+            )
+            trainer = ReportingTrainer(
+                cfg, step, state, source, publisher, run_dir, version=version, rng=rng,
+                checkpointer=checkpointer, client=client, pad_id=pad_id,
+                on_metrics=reporter.on_metrics, before_update=procs.check_alive,
+            )  # fmt: skip
+            if version:
+                trainer.resync_engines()
+            before = held_out("before", trainer.version) if data.held_out else None
+            remaining = cfg.trainer.steps - int(trainer.state.step)
+            summary = trainer.run(remaining) if remaining > 0 else trainer.summary()
+            waiting_here = source.waiting_here
+            expected = summary.in_flight - waiting_here
+            if data.held_out:
+                after = held_out("after", trainer.version, expected)
+                drained = after.drained
+            else:
+                after = None
+                drained = drain_training_groups(client, expected, job.eval.timeout_s)
+            engines = {e.engine_id: int(e.weight_version) for e in client.status().engines}
+    finally:
+        reporter.close()
+        publisher.close()
+        checkpointer.close()
+    rewards = [row["reward_mean"] for row in read_metrics(run_dir)]
+    return {
+        "backend": r.backend,
+        "model": str(model_path),
+        "engine_ids": engine_ids,
+        "loop": dataclasses.asdict(summary),
+        "in_flight_waiting_in_trainer": waiting_here,
+        "in_flight_drained_after_stop": drained,
+        "engine_versions": engines,
+        "eval_before": dataclasses.asdict(before) if before else None,
+        "eval_after": dataclasses.asdict(after) if after else None,
+        "reward_first5": float(np.mean(rewards[:5])) if rewards else None,
+        "reward_last5": float(np.mean(rewards[-5:])) if rewards else None,
+        "plot": str(plot_metrics(run_dir)) if rewards else None,
+    }
