@@ -241,6 +241,21 @@ def _describe(err: ValidationError) -> str:
     return f"{loc}: {first['msg']} (got {first.get('input')!r})"
 
 
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """The mapping of sections in a YAML config file (an empty file gives {}).
+
+    Raises:
+      ConfigError: the file does not exist, or its top level is not a mapping.
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"config file {file} does not exist")
+    loaded = yaml.safe_load(file.read_text()) or {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{file}: expected a mapping of sections, got {type(loaded).__name__}")
+    return loaded
+
+
 def load_config(
     path: str | Path | None = None, overrides: Sequence[str] = (), **sections: Any
 ) -> Config:
@@ -250,17 +265,7 @@ def load_config(
       ConfigError: for a missing file, YAML that is not a mapping, an unknown key or a value out
         of range; the message names the dotted key.
     """
-    data: dict[str, Any] = {}
-    if path is not None:
-        file = Path(path)
-        if not file.is_file():
-            raise ConfigError(f"config file {file} does not exist")
-        loaded = yaml.safe_load(file.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(
-                f"{file}: expected a mapping of sections, got {type(loaded).__name__}"
-            )
-        data = loaded
+    data = read_yaml(path) if path is not None else {}
     data = _merge(data, sections)
     data = _merge(data, parse_overrides(overrides))
     try:

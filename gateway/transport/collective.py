@@ -29,6 +29,27 @@ if TYPE_CHECKING:
     import torch
 
 
+def rendezvous_store(
+    host: str, port: int, world_size: int, timeout_s: float, *, master: bool
+) -> Any:
+    """The `torch.distributed.TCPStore` a transport group meets on: the sender (rank 0) hosts
+    it (`master`, port 0 picks a free one), each receiver connects to it. Imports torch lazily.
+
+    Raises:
+        RuntimeError (from torch): the store cannot bind, or no master answers in `timeout_s`.
+    """
+    import datetime
+
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if master:
+        return dist.TCPStore(
+            host, port, world_size, is_master=True, timeout=timeout, wait_for_workers=False
+        )
+    return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+
+
 class _Group:
     """A thin wrapper over a torch c10d process group: broadcast from 0 and MIN all-reduce."""
 

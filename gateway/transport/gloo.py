@@ -11,7 +11,12 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from gateway.transport.collective import CollectiveReceiver, CollectiveSender, _Group
+from gateway.transport.collective import (
+    CollectiveReceiver,
+    CollectiveSender,
+    _Group,
+    rendezvous_store,
+)
 
 
 def _gloo_group(store: Any, rank: int, world_size: int, timeout_s: float) -> _Group:
@@ -34,21 +39,12 @@ class GlooSender(CollectiveSender):
 
     def __init__(self, host: str, port: int, num_receivers: int, timeout_s: float = 300.0) -> None:
         super().__init__()
-        import torch.distributed as dist
-
         if num_receivers < 1:
             raise ValueError(f"num_receivers must be >= 1, got {num_receivers}")
         self.host = host
         self.world_size = num_receivers + 1
         self.timeout_s = timeout_s
-        self._store: Any = dist.TCPStore(
-            host,
-            port,
-            self.world_size,
-            is_master=True,
-            timeout=datetime.timedelta(seconds=timeout_s),
-            wait_for_workers=False,
-        )
+        self._store: Any = rendezvous_store(host, port, self.world_size, timeout_s, master=True)
 
     @property
     def port(self) -> int:
@@ -84,14 +80,8 @@ class GlooReceiver(CollectiveReceiver):
         self.world_size, self.timeout_s = world_size, timeout_s
 
     def _make_group(self) -> _Group:
-        import torch.distributed as dist
-
-        store = dist.TCPStore(
-            self.host,
-            self.port,
-            self.world_size,
-            is_master=False,
-            timeout=datetime.timedelta(seconds=self.timeout_s),
+        store = rendezvous_store(
+            self.host, self.port, self.world_size, self.timeout_s, master=False
         )
         return _gloo_group(store, self.rank, self.world_size, self.timeout_s)
 

@@ -12,7 +12,12 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from gateway.transport.collective import CollectiveReceiver, CollectiveSender, _Group
+from gateway.transport.collective import (
+    CollectiveReceiver,
+    CollectiveSender,
+    _Group,
+    rendezvous_store,
+)
 
 
 def _nccl_group(store: Any, rank: int, world_size: int, timeout_s: float, device: str) -> _Group:
@@ -38,19 +43,10 @@ class NcclSender(CollectiveSender):
         device: str = "cuda:0",
     ) -> None:
         super().__init__()
-        import torch.distributed as dist
-
         self.device = device
         self.world_size = num_receivers + 1
         self.timeout_s = timeout_s
-        self._store: Any = dist.TCPStore(
-            host,
-            port,
-            self.world_size,
-            is_master=True,
-            timeout=datetime.timedelta(seconds=timeout_s),
-            wait_for_workers=False,
-        )
+        self._store: Any = rendezvous_store(host, port, self.world_size, timeout_s, master=True)
 
     @property
     def port(self) -> int:
@@ -80,13 +76,7 @@ class NcclReceiver(CollectiveReceiver):
         self.world_size, self.timeout_s = world_size, timeout_s
 
     def _make_group(self) -> _Group:
-        import torch.distributed as dist
-
-        store = dist.TCPStore(
-            self.host,
-            self.port,
-            self.world_size,
-            is_master=False,
-            timeout=datetime.timedelta(seconds=self.timeout_s),
+        store = rendezvous_store(
+            self.host, self.port, self.world_size, self.timeout_s, master=False
         )
         return _nccl_group(store, self.rank, self.world_size, self.timeout_s, self.device)

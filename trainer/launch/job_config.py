@@ -23,7 +23,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from trainer.config import Config, ConfigError, load_config
+from trainer.config import Config, ConfigError, load_config, read_yaml
 
 JOB_SECTIONS = ("data", "eval", "launch")
 ALIASES = {"run_dir": "trainer.run_dir"}
@@ -191,17 +191,7 @@ def load_job_config(path: str | Path | None = None, overrides: Sequence[str] = (
       ConfigError: a missing file, YAML that is not a mapping, an unknown key or a bad value;
         the message names the dotted key.
     """
-    data: dict[str, Any] = {}
-    if path is not None:
-        file = Path(path)
-        if not file.is_file():
-            raise ConfigError(f"config file {file} does not exist")
-        loaded = yaml.safe_load(file.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(
-                f"{file}: expected a mapping of sections, got {type(loaded).__name__}"
-            )
-        data = loaded
+    data = read_yaml(path) if path is not None else {}
     job = {k: dict(data.pop(k) or {}) for k in JOB_SECTIONS if k in data}
     run_overrides = []
     for item in overrides:
