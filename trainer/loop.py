@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -89,6 +90,9 @@ class AsyncTrainer:
       pad_id: the padding token of the batch.
       normalize_std: GRPO advantages (True) or Dr. GRPO's (False); None: what the loss class
         says (``advantage_std_normalization``).
+      before_update: called at the start of every update (e.g. a check that the engine
+        processes live; it raises to stop the run).
+      on_metrics: called with each metrics row (a dict) right after it is written.
     """
 
     def __init__(
@@ -106,8 +110,12 @@ class AsyncTrainer:
         client: GatewayClient | None = None,
         pad_id: int = 0,
         normalize_std: bool | None = None,
+        before_update: Callable[[], None] | None = None,
+        on_metrics: Callable[[dict[str, Any]], None] | None = None,
     ):
         self.config = config
+        self.before_update = before_update
+        self.on_metrics = on_metrics
         self.step = step
         self.state = state
         self.source = source
@@ -231,6 +239,8 @@ class AsyncTrainer:
         return got
 
     def _one_update(self) -> None:
+        if self.before_update is not None:
+            self.before_update()
         t_start = time.perf_counter()
         got = self._collect()
         batch = build_rl_batch(got.kept, pad_id=self.pad_id, normalize_std=self.normalize_std)
@@ -275,6 +285,8 @@ class AsyncTrainer:
         }
         with (self.run_dir / "metrics.jsonl").open("a") as f:
             f.write(json.dumps(metrics) + "\n")
+        if self.on_metrics is not None:
+            self.on_metrics(metrics)
         if self.client is not None:
             scalars = {k: float(v) for k, v in metrics.items()}
             self.client.report_metrics("trainer", self._done, scalars)

@@ -114,26 +114,6 @@ def plot_metrics(run_dir: str | Path) -> Path:
     return out
 
 
-class MetricsTail:
-    """The rows appended to a metrics.jsonl since the last call (rows already there when it is
-    made are skipped: a resumed run's earlier steps)."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self._offset = self.path.stat().st_size if self.path.exists() else 0
-
-    def new_rows(self) -> list[dict[str, Any]]:
-        """Complete lines written since the last call, parsed."""
-        if not self.path.exists():
-            return []
-        with self.path.open("rb") as f:
-            f.seek(self._offset)
-            chunk = f.read()
-        end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next call
-        self._offset += end
-        return [json.loads(line) for line in chunk[:end].decode().splitlines() if line.strip()]
-
-
 def format_summary(result: dict[str, Any]) -> str:
     """The few lines printed at the end of a job: steps, reward of the first and last 5 steps,
     held-out accuracy before and after, wall time and where the outputs are."""

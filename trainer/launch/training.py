@@ -26,7 +26,7 @@ from trainer.launch.data import JobData
 from trainer.launch.evaluate import EvalResult, drain_training_groups, evaluate
 from trainer.launch.job_config import JobConfig
 from trainer.launch.processes import ProcessSet
-from trainer.launch.report import MetricsTail, Reporter, plot_metrics, read_metrics
+from trainer.launch.report import Reporter, plot_metrics, read_metrics
 from trainer.launch.stack import wait_for_engines
 from trainer.loop import AsyncTrainer
 from trainer.publish import WeightPublisher
@@ -34,30 +34,6 @@ from trainer.rewards import ProblemStream, ScoringPool
 from trainer.rewards.base import Problem
 from trainer.rollout_source import RolloutSource
 from trainer.sharding import make_mesh
-
-
-class ReportingTrainer(AsyncTrainer):
-    """`AsyncTrainer` that calls `before_update` (e.g. a check that the engine processes live;
-    it raises to stop the run) before each update and hands every metrics row it writes to
-    `on_metrics` (a callback taking the row's dict) right after it."""
-
-    def __init__(
-        self,
-        *args: Any,
-        on_metrics: Callable[[dict[str, Any]], None],
-        before_update: Callable[[], None],
-        **kwargs: Any,
-    ):
-        super().__init__(*args, **kwargs)
-        self._on_metrics = on_metrics
-        self._before_update = before_update
-        self._tail = MetricsTail(self.run_dir / "metrics.jsonl")
-
-    def _one_update(self) -> None:
-        self._before_update()
-        super()._one_update()
-        for row in self._tail.new_rows():
-            self._on_metrics(row)
 
 
 def _sampling(job: JobConfig, temperature: float, new_tokens: int) -> m.SamplingParams:
@@ -126,7 +102,7 @@ def train_and_evaluate(
                 sampling=_sampling(job, r.temperature, r.max_new_tokens),
                 fetch_timeout_s=r.fetch_timeout_s,
             )
-            trainer = ReportingTrainer(
+            trainer = AsyncTrainer(
                 cfg, step, state, source, publisher, run_dir, version=version, rng=rng,
                 checkpointer=checkpointer, client=client, pad_id=pad_id,
                 on_metrics=reporter.on_metrics, before_update=procs.check_alive,

@@ -1,28 +1,15 @@
-"""Progress/TensorBoard reporter, the metrics tail and the reward/lag plot."""
+"""Progress/TensorBoard reporter and the reward/lag plot."""
 
 from __future__ import annotations
 
 import json
 
-from trainer.launch.report import MetricsTail, Reporter, plot_metrics, read_metrics
+from trainer.launch.report import Reporter, plot_metrics, read_metrics
 
 
 def _row(step: int) -> dict:
     return {"step": step, "reward_mean": 0.1 * step, "reward_std": 0.05, "lag_mean": 0.5,
             "lag_max": 1, "tokens_per_s": 100.0, "flag": True}  # fmt: skip
-
-
-def test_tail_returns_only_new_complete_lines(tmp_path):
-    path = tmp_path / "metrics.jsonl"
-    path.write_text(json.dumps(_row(1)) + "\n")
-    tail = MetricsTail(path)  # the existing row is skipped (a resumed run)
-    assert tail.new_rows() == []
-    with path.open("a") as f:
-        f.write(json.dumps(_row(2)) + "\n" + json.dumps(_row(3))[:10])
-    assert [r["step"] for r in tail.new_rows()] == [2]
-    with path.open("a") as f:
-        f.write(json.dumps(_row(3))[10:] + "\n")
-    assert [r["step"] for r in tail.new_rows()] == [3]
 
 
 def test_reporter_writes_scalars_and_plot(tmp_path):
