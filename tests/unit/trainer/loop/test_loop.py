@@ -73,10 +73,16 @@ def test_max_lag_zero_is_the_synchronous_loop(tmp_path, gateway_run, tiny_step, 
     _, client, _ = gateway_run
     assert kit.TARGET == TARGET
     publisher = kit.VersionPublisher(client)
-    trainer, scoring = _trainer(tmp_path, client, tiny_step, publisher, max_lag=0)
+    updates: list[int] = []
+    rows: list[dict] = []
+    loop = {"before_update": lambda: updates.append(len(rows)), "on_metrics": rows.append}
+    trainer, scoring = _trainer(tmp_path, client, tiny_step, publisher, loop=loop, max_lag=0)
     with scoring:
         summary = trainer.run(3)
     assert (summary.steps, summary.version, summary.submitted) == (3, 3, 6)
+    # The hooks: one call before each update, then its metrics row, as written to the file.
+    assert updates == [0, 1, 2]
+    assert rows == _lines(tmp_path / "run" / "metrics.jsonl")
     assert (summary.trained_groups, summary.filtered_lag, summary.in_flight) == (6, 0, 0)
     assert [v for v, _ in publisher.pushed] == [1, 2, 3]
     assert len({s for _, s in publisher.pushed}) == 3  # the pushed weights changed every step
