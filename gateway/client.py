@@ -144,7 +144,8 @@ class GatewayClient:
 
     def wait_sync(self, version: int, timeout_s: float, phase: str = "loaded") -> m.SyncResult:
         """[trainer] Wait until every live engine reached `phase` ("ready" or "loaded") for
-        `version`, one engine failed it, or `timeout_s` passed."""
+        `version`, one engine failed it, or `timeout_s` passed. A failed engine may still
+        serve its previous version (`EngineSyncState.serving`)."""
         if phase not in ("ready", "loaded"):
             raise ValueError(f"phase: expected 'ready' or 'loaded', got {phase!r}")
         request = gpb.WaitSyncRequest(
@@ -152,7 +153,7 @@ class GatewayClient:
         )
         reply = self._call("WaitSync", request, timeout_s)
         engines = tuple(
-            m.EngineSyncState(e.engine_id, e.version, cv.phase_from_pb(e.phase), e.error)
+            m.EngineSyncState(e.engine_id, e.version, cv.phase_from_pb(e.phase), e.error, e.serving)
             for e in reply.engines
         )
         return m.SyncResult(reply.done, engines)
@@ -245,15 +246,40 @@ class GatewayClient:
         return m.ReturnResult(r.accepted, r.dropped, r.dropped_reason, r.released)
 
     def ack_version(
-        self, engine_id: str, version: int, phase: str = "loaded", error: str = ""
+        self,
+        engine_id: str,
+        version: int,
+        phase: str = "loaded",
+        error: str = "",
+        serving: bool = False,
     ) -> m.SyncDirective | None:
         """[engine] Report sync progress: "ready" (at a safe point), "loaded" (serving
-        `version`) or "failed" (with `error`; no leases until a later "loaded").
-        Returns the directive still pending, if any."""
+        `version`) or "failed" (with `error`).
+
+        After "failed", `serving=True` says the engine still holds its previous version
+        whole and keeps serving it: it may go on leasing (for that version). With
+        `serving=False` it holds no whole version and may lease nothing until a later
+        "loaded". Either way the trainer's `wait_sync` for `version` ends with the failure.
+
+        Returns:
+            The directive still pending, if any.
+
+        Raises:
+            ValueError: `phase` is not "ready", "loaded" or "failed", or `serving` is set
+                with a phase other than "failed".
+            GatewayError: INVALID_ARGUMENT for an unpublished version or a loaded version
+                going backwards; NOT_FOUND for an unknown engine.
+        """
         if phase not in cv.PHASE_TO_PB:
             raise ValueError(f"phase: expected one of {m.SYNC_PHASES}, got {phase!r}")
+        if serving and phase != "failed":
+            raise ValueError(f"serving: expected False unless phase is 'failed', got {phase!r}")
         request = gpb.AckRequest(
-            engine_id=engine_id, version=version, phase=cv.PHASE_TO_PB[phase], error=error
+            engine_id=engine_id,
+            version=version,
+            phase=cv.PHASE_TO_PB[phase],
+            error=error,
+            serving=serving,
         )
         return cv.sync_from_pb(self._call("AckVersion", request).sync)
 

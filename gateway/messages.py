@@ -166,12 +166,22 @@ class ReturnResult:
 
 @dataclasses.dataclass(frozen=True)
 class EngineSyncState:
-    """The last sync progress an engine reported."""
+    """The last sync progress an engine reported.
+
+    Attributes:
+        engine_id: the engine.
+        version: the last version it acknowledged a phase for.
+        phase: "ready", "loaded" or "failed" ("unspecified" before any ack).
+        error: why the load failed (phase "failed" only).
+        serving: the engine holds a whole version and may lease; false only after a
+            "failed" that left it without one, until it loads a version.
+    """
 
     engine_id: str
     version: int
     phase: str
     error: str
+    serving: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

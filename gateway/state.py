@@ -199,18 +199,32 @@ class GatewayState(VersionsMixin):
             )
 
     def lease(self, req: gpb.LeaseRequest) -> gpb.LeaseReply:
-        """Lease up to max_prompts prompts, waiting up to timeout_s for at least one."""
+        """Lease up to max_prompts prompts, waiting up to timeout_s for at least one.
+
+        An engine whose last sync failed but that still serves its previous version leases
+        as usual, for that version (`Engine.serving`).
+
+        Raises:
+            GatewayError: INVALID_ARGUMENT for max_prompts < 1 or a bad timeout; NOT_FOUND
+                for an unknown engine; FAILED_PRECONDITION while the engine holds no whole
+                weight version (a FAILED ack without `serving`, no LOADED since).
+        """
         if req.max_prompts < 1:
             raise invalid(f"max_prompts: expected >= 1, got {req.max_prompts}")
         check_timeout("timeout_s", req.timeout_s)
         with self._cv:
             self._reap_locked()
             engine = self._engine(req.engine_id)
-            if engine.failed:
+            if not engine.serving:
+                why = (
+                    f"failed to load version {engine.sync_version} ({engine.sync_error})"
+                    if engine.failed
+                    else f"is syncing to version {engine.sync_version} after a failed load"
+                )
                 raise GatewayError(
                     FAILED_PRECONDITION,
-                    f"engine {engine.engine_id!r} failed to load version {engine.sync_version} "
-                    f"({engine.sync_error}); expected a LOADED acknowledgement before leasing",
+                    f"engine {engine.engine_id!r} {why} and holds no whole weight version; "
+                    "expected a LOADED acknowledgement before leasing",
                 )
             engine.in_calls += 1
             try:
@@ -222,7 +236,7 @@ class GatewayState(VersionsMixin):
                 engine.last_seen = self._clock()
             reply = gpb.LeaseReply(sync=self._directive(engine), shutting_down=self.shutting_down)
             # Re-checked after the wait: a failed ack may have arrived while this call waited.
-            if engine.engine_id not in self._engines or self.shutting_down or engine.failed:
+            if engine.engine_id not in self._engines or self.shutting_down or not engine.serving:
                 return reply
             lease = self._queue.lease(
                 engine.engine_id,

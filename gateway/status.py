@@ -48,6 +48,9 @@ def build_status(state: GatewayState, now: float, wall: float) -> gpb.StatusRepl
             groups_returned=e.groups,
             completions_returned=e.completions,
             tokens_returned=e.tokens,
+            sync_version=e.sync_version,
+            sync_error=e.sync_error,
+            serving=e.serving,
         )
     reply.queues.CopyFrom(
         gpb.QueueDepths(
@@ -69,6 +72,19 @@ def build_status(state: GatewayState, now: float, wall: float) -> gpb.StatusRepl
     return reply
 
 
+def _sync_text(e: gpb.EngineStatus) -> str:
+    """The sync phase of one engine, e.g. "loaded", or for a failure the failed version, its
+    error and whether the engine still serves its previous version."""
+    phase = _PHASES.get(e.sync_phase, "?")
+    if e.sync_phase == gpb.SYNC_PHASE_FAILED:
+        phase = f"FAILED v{e.sync_version}: {e.sync_error}"
+    if not e.serving:
+        return f"{phase}; NOT SERVING"
+    if e.sync_phase == gpb.SYNC_PHASE_FAILED:
+        return f"{phase}; serving v{e.weight_version}"
+    return phase
+
+
 def format_status(s: gpb.StatusReply) -> str:
     """Render a StatusReply as a few lines of text for `python -m gateway status`."""
     run = s.settings
@@ -88,7 +104,7 @@ def format_status(s: gpb.StatusReply) -> str:
     for e in s.engines:
         lines.append(
             f"  {e.engine_id}  {e.backend} tp{e.tp_size}/{e.device_count}  v{e.weight_version} "
-            f"({_PHASES.get(e.sync_phase, '?')})  leased {e.leased_prompts}  groups "
+            f"({_sync_text(e)})  leased {e.leased_prompts}  groups "
             f"{e.groups_returned}  tokens {e.tokens_returned}  seen {e.last_seen_s:.1f} s ago"
         )
     for m in s.metrics:

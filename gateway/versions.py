@@ -16,7 +16,13 @@ from protos import gateway_pb2 as gpb
 
 @dataclasses.dataclass
 class Engine:
-    """One registered engine as the gateway sees it (clock seconds, versions, counts)."""
+    """One registered engine as the gateway sees it (clock seconds, versions, counts).
+
+    Two things are kept apart: whether the last sync failed (`failed`: the trainer's
+    WaitSync ends with that failure) and whether the engine may lease (`serving`: false
+    only while it holds no whole weight version). An engine whose load failed before it
+    touched its weights keeps serving `weight_version`, its last loaded one.
+    """
 
     engine_id: str
     request: gpb.RegisterRequest
@@ -25,6 +31,8 @@ class Engine:
     sync_version: int = 0
     sync_phase: gpb.SyncPhase = gpb.SYNC_PHASE_LOADED
     sync_error: str = ""
+    # False from a FAILED ack with serving=False (no whole version held) until a LOADED ack.
+    serving: bool = True
     in_calls: int = 0
     active_prompts: int = 0
     groups: int = 0
@@ -33,7 +41,7 @@ class Engine:
 
     @property
     def failed(self) -> bool:
-        """The engine's last sync failed and it holds no whole version since."""
+        """The engine's last sync acknowledgement was FAILED (whether or not it serves)."""
         return self.sync_phase == gpb.SYNC_PHASE_FAILED
 
 
@@ -72,7 +80,17 @@ class VersionsMixin:
             return gpb.PublishReply(engine_ids=sorted(self._engines))
 
     def ack(self, req: gpb.AckRequest) -> gpb.AckReply:
-        """Record an engine's sync progress (READY, LOADED or FAILED) for a published version."""
+        """Record an engine's sync progress (READY, LOADED or FAILED) for a published version.
+
+        LOADED makes `version` the engine's weight version and lets it lease. FAILED with
+        `serving` keeps it leasing on its previous version; FAILED without it stops its
+        leases until a later LOADED. READY changes neither.
+
+        Raises:
+            GatewayError: INVALID_ARGUMENT for an unpublished version, a phase other than
+                READY/LOADED/FAILED, `serving` set with a phase other than FAILED, or a
+                LOADED version below the engine's loaded one; NOT_FOUND for an unknown engine.
+        """
         with self._cv:
             self._reap_locked()
             engine = self._engine(req.engine_id)
@@ -87,6 +105,11 @@ class VersionsMixin:
                 gpb.SYNC_PHASE_FAILED,
             ):
                 raise invalid(f"phase: expected READY, LOADED or FAILED, got {req.phase}")
+            if req.serving and req.phase != gpb.SYNC_PHASE_FAILED:
+                raise invalid(
+                    "serving: expected false unless phase is FAILED, got true with phase "
+                    f"{gpb.SyncPhase.Name(req.phase)}"
+                )
             if req.phase == gpb.SYNC_PHASE_LOADED:
                 if req.version < engine.weight_version:
                     raise invalid(
@@ -94,6 +117,9 @@ class VersionsMixin:
                         f"loaded version), got {req.version}"
                     )
                 engine.weight_version = req.version
+                engine.serving = True
+            elif req.phase == gpb.SYNC_PHASE_FAILED:
+                engine.serving = req.serving
             engine.sync_version, engine.sync_phase = req.version, req.phase
             engine.sync_error = req.error if req.phase == gpb.SYNC_PHASE_FAILED else ""
             self._cv.notify_all()
@@ -133,6 +159,7 @@ class VersionsMixin:
                     version=e.sync_version,
                     phase=e.sync_phase,
                     error=e.sync_error,
+                    serving=e.serving,
                 )
                 for e in self._engines.values()
             ]

@@ -185,16 +185,18 @@ class ReturnReply(_message.Message):
     def __init__(self, accepted: _Optional[int] = ..., dropped: _Optional[int] = ..., dropped_reason: _Optional[str] = ..., released: _Optional[int] = ...) -> None: ...
 
 class AckRequest(_message.Message):
-    __slots__ = ("engine_id", "version", "phase", "error")
+    __slots__ = ("engine_id", "version", "phase", "error", "serving")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    SERVING_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     version: int
     phase: SyncPhase
     error: str
-    def __init__(self, engine_id: _Optional[str] = ..., version: _Optional[int] = ..., phase: _Optional[_Union[SyncPhase, str]] = ..., error: _Optional[str] = ...) -> None: ...
+    serving: bool
+    def __init__(self, engine_id: _Optional[str] = ..., version: _Optional[int] = ..., phase: _Optional[_Union[SyncPhase, str]] = ..., error: _Optional[str] = ..., serving: _Optional[bool] = ...) -> None: ...
 
 class AckReply(_message.Message):
     __slots__ = ("sync",)
@@ -270,16 +272,18 @@ class PublishReply(_message.Message):
     def __init__(self, engine_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class EngineSyncState(_message.Message):
-    __slots__ = ("engine_id", "version", "phase", "error")
+    __slots__ = ("engine_id", "version", "phase", "error", "serving")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    SERVING_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     version: int
     phase: SyncPhase
     error: str
-    def __init__(self, engine_id: _Optional[str] = ..., version: _Optional[int] = ..., phase: _Optional[_Union[SyncPhase, str]] = ..., error: _Optional[str] = ...) -> None: ...
+    serving: bool
+    def __init__(self, engine_id: _Optional[str] = ..., version: _Optional[int] = ..., phase: _Optional[_Union[SyncPhase, str]] = ..., error: _Optional[str] = ..., serving: _Optional[bool] = ...) -> None: ...
 
 class WaitSyncRequest(_message.Message):
     __slots__ = ("version", "phase", "timeout_s")
@@ -325,7 +329,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class EngineStatus(_message.Message):
-    __slots__ = ("engine_id", "name", "backend", "host", "device_count", "tp_size", "weight_version", "sync_phase", "last_seen_s", "leased_prompts", "active_prompts", "groups_returned", "completions_returned", "tokens_returned")
+    __slots__ = ("engine_id", "name", "backend", "host", "device_count", "tp_size", "weight_version", "sync_phase", "last_seen_s", "leased_prompts", "active_prompts", "groups_returned", "completions_returned", "tokens_returned", "sync_version", "sync_error", "serving")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -340,6 +344,9 @@ class EngineStatus(_message.Message):
     GROUPS_RETURNED_FIELD_NUMBER: _ClassVar[int]
     COMPLETIONS_RETURNED_FIELD_NUMBER: _ClassVar[int]
     TOKENS_RETURNED_FIELD_NUMBER: _ClassVar[int]
+    SYNC_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SYNC_ERROR_FIELD_NUMBER: _ClassVar[int]
+    SERVING_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     name: str
     backend: str
@@ -354,7 +361,10 @@ class EngineStatus(_message.Message):
     groups_returned: int
     completions_returned: int
     tokens_returned: int
-    def __init__(self, engine_id: _Optional[str] = ..., name: _Optional[str] = ..., backend: _Optional[str] = ..., host: _Optional[str] = ..., device_count: _Optional[int] = ..., tp_size: _Optional[int] = ..., weight_version: _Optional[int] = ..., sync_phase: _Optional[_Union[SyncPhase, str]] = ..., last_seen_s: _Optional[float] = ..., leased_prompts: _Optional[int] = ..., active_prompts: _Optional[int] = ..., groups_returned: _Optional[int] = ..., completions_returned: _Optional[int] = ..., tokens_returned: _Optional[int] = ...) -> None: ...
+    sync_version: int
+    sync_error: str
+    serving: bool
+    def __init__(self, engine_id: _Optional[str] = ..., name: _Optional[str] = ..., backend: _Optional[str] = ..., host: _Optional[str] = ..., device_count: _Optional[int] = ..., tp_size: _Optional[int] = ..., weight_version: _Optional[int] = ..., sync_phase: _Optional[_Union[SyncPhase, str]] = ..., last_seen_s: _Optional[float] = ..., leased_prompts: _Optional[int] = ..., active_prompts: _Optional[int] = ..., groups_returned: _Optional[int] = ..., completions_returned: _Optional[int] = ..., tokens_returned: _Optional[int] = ..., sync_version: _Optional[int] = ..., sync_error: _Optional[str] = ..., serving: _Optional[bool] = ...) -> None: ...
 
 class QueueDepths(_message.Message):
     __slots__ = ("pending_eval", "pending_train", "leased_prompts", "ready_groups", "rollout_capacity")

@@ -12,8 +12,7 @@ directive arrives at once), and runs four asyncio tasks until a stop:
   up on, batching whatever finished together into one call per lease.
 - **sync loop**: on a directive for a version above the one held: stop leasing, ack "ready",
   join the data plane if the directive names a new group, `backend.update_weights(manifest)`,
-  ack "loaded", resume. On failure it acks "failed" with the error and leases nothing until a
-  later version loads.
+  ack "loaded", resume. On failure it acks "failed" with the error (see below).
 - **watchdog**: ends the run when the gateway shuts down, drops the engine, or stays
   unreachable past `gateway_retry_s`.
 
@@ -26,12 +25,16 @@ sample's version spans record the exact switch token, so the trainer can bound s
 sample (or drop samples that crossed an update). A prompt leased by a lease call already
 under way when the directive came is handed to the backend too; it queues behind the update.
 
-After a failed update the gateway refuses this engine's leases until it acks "loaded". If the
-backend still holds a whole version (the manifest was refused before anything loaded), the
-groups in flight finish on it and are returned, correctly stamped; if it holds none, they are
-cancelled and their prompts released to other engines. A prompt the backend refuses (too long,
-sampling it cannot do) is returned as G empty "abort" completions rather than released, so it
-cannot circle through the queue forever.
+After a failed update the trainer's wait for that version ends with the failure either way.
+If the backend still holds a whole version (the plan or the manifest was refused before
+anything loaded), the worker acks "failed" with `serving=True` and keeps serving that version:
+the groups in flight finish on it, new prompts are leased for it (the gateway's usual
+`min_version` checks apply), and all are returned stamped with it. If the backend holds none,
+it acks "failed" with `serving=False`: the groups in flight are cancelled and their prompts
+released to other engines, and the gateway refuses this engine's leases until it acks
+"loaded". Either way a directive for a later version is attempted as usual. A prompt the
+backend refuses (too long, sampling it cannot do) is returned as G empty "abort" completions
+rather than released, so it cannot circle through the queue forever.
 
 Every wait is bounded: lease polls by `lease_wait_s`, the data-plane join and the update by
 `connect_timeout_s` and `update_timeout_s`, unreachable-gateway retries by `gateway_retry_s`,
@@ -121,7 +124,8 @@ class EngineWorker:
 
     @property
     def leasing(self) -> bool:
-        """Whether the worker may lease now (no sync in progress, no failed update)."""
+        """Whether the worker may lease now (no sync in progress, and the backend not left
+        without a whole version by a failed update)."""
         return not (self._syncing or self._failed or self._stop.is_set())
 
     async def run(self) -> str:
@@ -343,16 +347,27 @@ class EngineWorker:
             self._offer(nxt)
 
     async def _failed_update(self, v: int, e: BaseException) -> None:
-        """Ack "failed"; lease nothing until a later version loads; if the backend holds no
-        whole version, cancel the groups in flight (their prompts go back to the queue)."""
+        """Ack "failed" for version `v` with the error (`type: message`, at most 2000 chars).
+
+        If the backend still holds a whole version, ack with `serving=True` and keep leasing
+        for it. If it holds none, ack with `serving=False`, lease nothing until a later
+        version loads, and cancel the groups in flight (their prompts go back to the queue).
+        """
         error = f"{type(e).__name__}: {e}"[:2000]
-        log.error("update to version %d failed: %s", v, error)
-        self._failed = True
+        held = self.backend.weight_version
+        serving = held is not None
+        if serving:
+            log.error("update to version %d failed (still serving %d): %s", v, held, error)
+        else:
+            log.error("update to version %d failed (no whole version held): %s", v, error)
+        self._failed = not serving
         self.stats.failed_updates.append((v, error))
-        if self.backend.weight_version is None:
+        if not serving:
             for task in list(self._inflight):
                 task.cancel()
-        await self._call(self.client.ack_version, self.engine_id, v, "failed", error)
+        await self._call(
+            self.client.ack_version, self.engine_id, v, "failed", error, serving=serving
+        )
 
     async def _watch(self, beat: HeartbeatThread) -> None:
         failing_since: float | None = None

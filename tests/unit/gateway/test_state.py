@@ -1,10 +1,13 @@
 """GatewayState on a fake clock: lease order, expiry, late returns, back-pressure, versions."""
 
+import time
+
 import pytest
 
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError
 from gateway.state import GatewayState
+from gateway.status import format_status
 from protos import gateway_pb2 as gpb
 
 
@@ -134,19 +137,124 @@ def test_sync_directive_acks_and_wait_sync(gw):
     assert (late.current_version, late.sync.pending, late.sync.target_version) == (3, True, 3)
 
 
+def _engine_text(state, eid):
+    """The `vN (phase...)` part of the engine's line in the status text."""
+    (line,) = [x for x in format_status(state.status()).splitlines() if x.startswith(f"  {eid} ")]
+    return line[line.index("  v") + 2 : line.index(")  leased") + 1]
+
+
+def _fail(state, eid, version, error, serving):
+    return state.ack(
+        gpb.AckRequest(
+            engine_id=eid,
+            version=version,
+            phase=gpb.SYNC_PHASE_FAILED,
+            error=error,
+            serving=serving,
+        )
+    )
+
+
 def test_failed_sync_blocks_leasing_until_a_whole_version_loads(gw):
     state, _ = _state(gw)
     eid = state.register(gw.register()).engine_id
     _submit(state, [gw.prompt("p0")])
     state.publish(gpb.PublishRequest(version=1))
-    state.ack(gpb.AckRequest(engine_id=eid, version=1, phase=gpb.SYNC_PHASE_FAILED, error="oom"))
+    _fail(state, eid, 1, "oom", serving=False)
     wait = state.wait_sync(gpb.WaitSyncRequest(version=1, phase=gpb.SYNC_PHASE_LOADED))
-    assert not wait.done and wait.engines[0].error == "oom"
+    assert not wait.done
+    (e,) = wait.engines
+    assert (e.version, e.phase, e.error, e.serving) == (1, gpb.SYNC_PHASE_FAILED, "oom", False)
     with pytest.raises(GatewayError) as err:
         _lease(state, eid, 1)
-    assert err.value.code == "FAILED_PRECONDITION" and "oom" in err.value.message
-    state.ack(gpb.AckRequest(engine_id=eid, version=1, phase=gpb.SYNC_PHASE_LOADED))
+    assert err.value.code == "FAILED_PRECONDITION"
+    assert err.value.message == (
+        f"engine {eid!r} failed to load version 1 (oom) and holds no whole weight version; "
+        "expected a LOADED acknowledgement before leasing"
+    )
+    # a READY for the next version does not make it whole: still no leases until LOADED
+    state.publish(gpb.PublishRequest(version=2))
+    state.ack(gpb.AckRequest(engine_id=eid, version=2, phase=gpb.SYNC_PHASE_READY))
+    with pytest.raises(GatewayError) as err:
+        _lease(state, eid, 1)
+    assert err.value.message == (
+        f"engine {eid!r} is syncing to version 2 after a failed load and holds no whole "
+        "weight version; expected a LOADED acknowledgement before leasing"
+    )
+    state.ack(gpb.AckRequest(engine_id=eid, version=2, phase=gpb.SYNC_PHASE_LOADED))
     assert [p.sample_id for p in _lease(state, eid, 1).prompts] == ["p0"]
+    (e,) = state.status().engines
+    assert (e.weight_version, e.sync_version, e.sync_phase, e.serving) == (
+        2,
+        2,
+        gpb.SYNC_PHASE_LOADED,
+        True,
+    )
+
+
+def test_failed_sync_that_kept_the_old_version_keeps_serving_it(gw):
+    state, _ = _state(gw)
+    a = state.register(gw.register(name="a")).engine_id
+    b = state.register(gw.register(name="b")).engine_id
+    state.publish(gpb.PublishRequest(version=1))
+    _submit(state, [gw.prompt("old"), gw.prompt("fresh", min_version=1)])
+    state.ack(gpb.AckRequest(engine_id=a, version=1, phase=gpb.SYNC_PHASE_READY))
+    reply = _fail(state, a, 1, "ManifestError: refused", serving=True)
+    assert (reply.sync.pending, reply.sync.target_version) == (True, 1)
+    # the trainer's wait ends with the failure at once, though b has not loaded version 1
+    t0 = time.monotonic()
+    wait = state.wait_sync(
+        gpb.WaitSyncRequest(version=1, phase=gpb.SYNC_PHASE_LOADED, timeout_s=30.0)
+    )
+    assert time.monotonic() - t0 < 5.0
+    assert not wait.done
+    states = {e.engine_id: (e.version, e.phase, e.error, e.serving) for e in wait.engines}
+    assert states == {
+        a: (1, gpb.SYNC_PHASE_FAILED, "ManifestError: refused", True),
+        b: (0, gpb.SYNC_PHASE_LOADED, "", True),
+    }
+    # a still serves version 0: it leases what version 0 may serve, and stops at the front
+    # prompt that needs version 1 (the queue's usual min_version check)
+    lease = _lease(state, a, 5)
+    assert [p.sample_id for p in lease.prompts] == ["old"]
+    assert (lease.sync.pending, lease.sync.target_version) == (True, 1)
+    ok = _ret(state, a, lease.lease_id, [gw.group("old", version=0)])
+    assert (ok.accepted, ok.dropped) == (1, 0)
+    (group,) = _fetch(state)
+    assert group.sample_id == "old" and group.engine_id == a
+    assert [(c.version_start, c.version_end) for c in group.completions] == [(0, 0), (0, 0)]
+    (status_a, _) = state.status().engines
+    assert (status_a.engine_id, status_a.weight_version, status_a.sync_version) == (a, 0, 1)
+    assert (status_a.sync_phase, status_a.sync_error, status_a.serving) == (
+        gpb.SYNC_PHASE_FAILED,
+        "ManifestError: refused",
+        True,
+    )
+    assert _engine_text(state, a) == "v0 (FAILED v1: ManifestError: refused; serving v0)"
+    assert _engine_text(state, b) == "v0 (loaded)"
+    # a later failure that leaves no whole version stops its leases
+    state.publish(gpb.PublishRequest(version=2))
+    _fail(state, a, 2, "RuntimeError: bucket 3", serving=False)
+    with pytest.raises(GatewayError) as err:
+        _lease(state, a, 1)
+    assert err.value.code == "FAILED_PRECONDITION" and "bucket 3" in err.value.message
+    assert _engine_text(state, a) == "v0 (FAILED v2: RuntimeError: bucket 3; NOT SERVING)"
+    assert [p.sample_id for p in _lease(state, b, 5).prompts] == []  # fresh needs version 1
+
+
+def test_serving_is_refused_outside_a_failed_ack(gw):
+    state, _ = _state(gw)
+    eid = state.register(gw.register()).engine_id
+    state.publish(gpb.PublishRequest(version=1))
+    for phase, name in ((gpb.SYNC_PHASE_READY, "READY"), (gpb.SYNC_PHASE_LOADED, "LOADED")):
+        with pytest.raises(GatewayError) as err:
+            state.ack(gpb.AckRequest(engine_id=eid, version=1, phase=phase, serving=True))
+        assert err.value.code == "INVALID_ARGUMENT"
+        assert err.value.message == (
+            f"serving: expected false unless phase is FAILED, got true with phase SYNC_PHASE_{name}"
+        )
+    (e,) = state.status().engines
+    assert (e.weight_version, e.sync_version, e.sync_phase) == (0, 0, gpb.SYNC_PHASE_LOADED)
 
 
 def test_deregister_returns_leased_prompts(gw):

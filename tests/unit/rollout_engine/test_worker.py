@@ -1,6 +1,8 @@
 """The engine worker loop against the real gateway on loopback, with a small backend beside it
 whose outputs are known exactly: lease, generate concurrently, return with version stamps,
-refuse what it cannot serve, and stop cleanly (stop request, gateway shutdown, lost gateway)."""
+refuse what it cannot serve, keep serving its version after an update that failed before
+touching it (and stop serving after one that broke it), and stop cleanly (stop request,
+gateway shutdown, lost gateway)."""
 
 import importlib.util
 import subprocess
@@ -11,7 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from gateway import messages as m
 from gateway.client import GatewayClient
+from gateway.sync_plan import SyncPlan
+from gateway.transport.manifest import Manifest, ManifestError, TensorSpec
+from rollout_engine.backend import UpdateStats
 
 _spec = importlib.util.spec_from_file_location(
     "worker_harness", Path(__file__).with_name("worker_harness.py")
@@ -27,6 +33,133 @@ def gateway():
     trainer.close()
     engine.close()
     server.stop(0)
+
+
+class ScriptedUpdates(h.FakeBackend):
+    """The fake backend with a scripted data plane: `outcomes[version]` is "refuse" (a
+    ManifestError before anything loads: the held version stays whole), "break" (a failure
+    after part of the version loaded: no whole version held) or "load" (the version loads)."""
+
+    def __init__(self, outcomes: dict[int, str]) -> None:
+        super().__init__()
+        self.outcomes = outcomes
+
+    async def connect_transport(self, transport: dict, rank_offset: int, world_size: int) -> None:
+        self.connects.append((transport, rank_offset, world_size))
+
+    async def update_weights(self, manifest: Manifest) -> UpdateStats:
+        v, outcome = manifest.version, self.outcomes[manifest.version]
+        if outcome == "refuse":
+            raise ManifestError(f"version {v} refused by the fake")
+        if outcome == "break":
+            self._version = None
+            raise RuntimeError(f"version {v} broke after a partial load")
+        self._version = v
+        return UpdateStats(v, manifest.total_bytes, 0.0, 0.0)
+
+
+def _plan(engine_id: str, version: int) -> dict[str, str]:
+    """Directive params naming `engine_id` rank 1 of a 2-rank group, one float32 [2] tensor."""
+    manifest = Manifest(version, (TensorSpec("w", (2,), "float32"),), bucket_bytes=1024)
+    transport = {"kind": "file", "path": "/nonexistent"}
+    return SyncPlan(transport, manifest, {engine_id: 1}, world_size=2).to_params()
+
+
+def _wait_for(predicate, what: str, timeout_s: float = 10.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_update_refused_before_loading_keeps_serving_the_old_version(gateway):
+    server, trainer, engine = gateway
+    backend = ScriptedUpdates({1: "refuse", 2: "load"})
+    backend.holds["held"] = threading.Event()
+    run = h.WorkerThread(engine, backend, lease_wait_s=0.2)
+    engine_id = run.wait_registered()
+    held = h.prompt("held", [3, 4], n=6)
+    trainer.submit_prompts([held])
+    _wait_for(lambda: backend.calls == [("held", 0)], "the held prompt to start")
+
+    trainer.publish_version(1, _plan(engine_id, 1))
+    result = trainer.wait_sync(1, timeout_s=10)
+    error = "ManifestError: version 1 refused by the fake"
+    assert result == m.SyncResult(False, (m.EngineSyncState(engine_id, 1, "failed", error, True),))
+    assert run.worker.stats.failed_updates == [(1, error)]
+    _wait_for(lambda: run.worker.leasing, "leasing to resume")  # the sync loop ends after the ack
+    assert backend.weight_version == 0
+    (status,) = trainer.status().engines
+    assert (status.weight_version, status.sync_version, status.sync_error, status.serving) == (
+        0,
+        1,
+        error,
+        True,
+    )
+
+    # it keeps leasing for version 0; the group in flight across the failure finishes too
+    after = h.prompt("after", [7, 8], g=3)
+    trainer.submit_prompts([after])
+    (group,) = trainer.fetch_rollouts(max_groups=1, timeout_s=10)
+    h.check_group(group, after, (0, 0))
+    assert group.engine_id == engine_id
+    backend.holds["held"].set()
+    (group,) = trainer.fetch_rollouts(max_groups=1, timeout_s=10)
+    h.check_group(group, held, (0, 0))
+    assert all(c.version_spans == () for c in group.completions)
+
+    # the next version is attempted (and loads); version 1 is not tried again
+    trainer.publish_version(2, _plan(engine_id, 2))
+    assert trainer.wait_sync(2, timeout_s=10) == m.SyncResult(
+        True, (m.EngineSyncState(engine_id, 2, "loaded", "", True),)
+    )
+    assert [u.version for u in run.worker.stats.updates] == [2]
+    assert run.worker.stats.failed_updates == [(1, error)]
+    fresh = h.prompt("fresh", [9])
+    trainer.submit_prompts([fresh])
+    (group,) = trainer.fetch_rollouts(max_groups=1, timeout_s=10)
+    h.check_group(group, fresh, (2, 2))
+    trainer.shutdown()
+    assert run.join() == "shutdown"
+    assert run.worker.stats.groups_returned == 3
+    assert run.worker.stats.prompts_released == 0
+
+
+def test_update_that_broke_the_weights_stops_serving_until_one_loads(gateway):
+    server, trainer, engine = gateway
+    backend = ScriptedUpdates({1: "break", 2: "load"})
+    backend.holds["held"] = threading.Event()
+    run = h.WorkerThread(engine, backend, lease_wait_s=0.2)
+    engine_id = run.wait_registered()
+    held = h.prompt("held", [3, 4], n=6)
+    trainer.submit_prompts([held])
+    _wait_for(lambda: backend.calls == [("held", 0)], "the held prompt to start")
+
+    trainer.publish_version(1, _plan(engine_id, 1))
+    result = trainer.wait_sync(1, timeout_s=10)
+    error = "RuntimeError: version 1 broke after a partial load"
+    assert result == m.SyncResult(False, (m.EngineSyncState(engine_id, 1, "failed", error, False),))
+    assert not run.worker.leasing and backend.weight_version is None
+    # the group in flight is cancelled and its prompt released; nothing more is leased
+    _wait_for(lambda: run.worker.stats.prompts_released == 1, "the held prompt's release")
+    later = h.prompt("later", [5])
+    trainer.submit_prompts([later])
+    time.sleep(0.6)  # three lease polls' worth
+    assert backend.calls == [("held", 0)]
+    status = trainer.status()
+    assert status.queues.pending_train == 2 and status.engines[0].serving is False
+
+    backend.holds["held"].set()
+    trainer.publish_version(2, _plan(engine_id, 2))
+    assert trainer.wait_sync(2, timeout_s=10).done
+    groups = trainer.fetch_rollouts(max_groups=2, timeout_s=10, min_groups=2)
+    by_id = {g.sample_id: g for g in groups}
+    assert sorted(by_id) == ["held", "later"]
+    h.check_group(by_id["held"], held, (2, 2))
+    h.check_group(by_id["later"], later, (2, 2))
+    assert run.worker.stats.failed_updates == [(1, error)]
+    trainer.shutdown()
+    assert run.join() == "shutdown"
 
 
 def test_groups_return_at_once_with_exact_tokens_and_stamps(gateway):
