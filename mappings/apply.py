@@ -54,8 +54,9 @@ def params_to_engine(
     cfg: Any,
     params: Mapping[str, Any],
     jax_dims: Mapping[str, int] | None = None,
-    cast: Callable[[np.ndarray], np.ndarray] | None = None,
-) -> Iterator[tuple[str, np.ndarray]]:
+    cast: Callable[[Any], Any] | None = None,
+    host: bool = True,
+) -> Iterator[tuple[str, Any]]:
     """Yields (HF tensor name, array) for every tensor an engine (or HF folder) holds.
 
     Args:
@@ -63,6 +64,8 @@ def params_to_engine(
             that shares the buffer).
         cast: optional per-tensor cast (e.g. to the engine's dtype), applied before the
             layout change so that it touches each element once.
+        host: True yields numpy arrays (`np.asarray` of each param); False keeps JAX arrays
+            as they are (on their devices, FSDP shards kept) and yields JAX arrays.
 
     Raises:
         MappingError: a param the mapping expects that `params` lacks, or params the
@@ -79,7 +82,7 @@ def params_to_engine(
     hf_dims = cfg.dims()
     jdims = dict(hf_dims, **(jax_dims or {}))
     for rule in rules:
-        array = np.asarray(params[rule.jax])
+        array = np.asarray(params[rule.jax]) if host else params[rule.jax]
         if cast is not None:
             array = cast(array)
         yield rule.hf, jax_to_hf(rule, array, hf_dims, jdims)

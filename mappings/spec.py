@@ -19,6 +19,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from gateway.transport.reshard import ShardKind
+
 #: Condition names a rule may be gated by, evaluated on the model config.
 CONDITIONS = ("attention_bias", "qk_norm", "post_norms", "untied")
 
@@ -104,6 +106,28 @@ class Rule:
                 "must name the same symbols"
             )
 
+    @property
+    def shard_kind(self) -> ShardKind:
+        """How the engine's tensor parallelism splits the HF tensor (`gateway.transport.reshard`):
+        `replicated` without a `tp_dim`, `row` for dim 1, and for dim 0 `kv` (the fused "k" /
+        "v" shards: split by KV head, replicated past the head count), `vocab` (an HF layout
+        that starts with the vocab axis "V": padded vocab-parallel) or `column`.
+
+        Raises:
+            MappingError: a `tp_dim` other than 0, 1 or None.
+        """
+        if self.tp_dim is None:
+            return "replicated"
+        if self.tp_dim == 1:
+            return "row"
+        if self.tp_dim != 0:
+            raise MappingError(f"rule {self.jax}: tp_dim must be 0, 1 or None, got {self.tp_dim}")
+        if self.fused is not None and self.fused[1] in ("k", "v"):
+            return "kv"
+        if parse_axes(self.hf_axes)[0] == ("V",):
+            return "vocab"
+        return "column"
+
 
 @dataclasses.dataclass(frozen=True)
 class Family:
@@ -152,7 +176,13 @@ class ConcreteRule:
 def expand(
     family: Family, cfg: Any, jax_dims: Mapping[str, int] | None = None
 ) -> list[ConcreteRule]:
-    """Every concrete tensor of `family` for config `cfg` (a ModelConfig).
+    """Every concrete tensor of `family` for config `cfg` (a ModelConfig), layer by layer.
+
+    Order: the rules without a layer that come before the first per-layer rule (the
+    embedding), then every tensor of layer 0 in rule order, of layer 1, ..., then the
+    remaining rules without a layer (final norm, LM head). Sending a version in this order
+    lets vLLM's layerwise reload finish (and free) each layer as soon as its last tensor
+    arrives, instead of buffering every layer until the last rule.
 
     Args:
         family: the mapping.
@@ -183,6 +213,15 @@ def expand(
                     layer=layer,
                 )
             )
+    first_layered = next((i for i, r in enumerate(out) if r.layer is not None), len(out))
+
+    def order(item: tuple[int, ConcreteRule]) -> tuple[int, int, int]:
+        i, r = item
+        if r.layer is not None:
+            return (1, r.layer, i)
+        return (0 if i < first_layered else 2, 0, i)
+
+    out = [r for _, r in sorted(enumerate(out), key=order)]
     for attr in ("jax", "hf"):
         seen: dict[str, int] = {}
         for r in out:

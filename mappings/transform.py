@@ -54,6 +54,9 @@ def jax_to_hf(
 ) -> np.ndarray:
     """Turns the JAX param of `rule` into the HF / engine tensor layout (inverse of hf_to_jax).
 
+    A numpy param gives a C-contiguous numpy array; a JAX array gives a JAX array (sharded
+    as XLA places the result: a transpose keeps the FSDP split, on another dim).
+
     Raises:
         MappingError: the param's shape is not `rule.jax_shape` (names the param).
     """
@@ -67,6 +70,8 @@ def jax_to_hf(
     hf_syms, _ = _split(rule.rule.hf_axes, hf_dims)
     jax_syms, jax_sizes = _split(rule.rule.jax_axes, hf_dims)
     x = x.reshape(jax_sizes).transpose([jax_syms.index(s) for s in hf_syms])
+    if not isinstance(x, np.ndarray):  # a JAX array: the same ops, lazily, shards kept
+        return x.reshape(rule.hf_shape)
     return np.ascontiguousarray(x.reshape(rule.hf_shape))
 
 

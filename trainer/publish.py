@@ -10,7 +10,11 @@
 4. streams the tensors, one at a time, through `params_to_engine` (the mapping's layout) into
    buckets of `bucket_bytes`: each JAX array is cast to the wire dtype on the trainer's side
    (in JAX, one tensor at a time) and reaches torch without a copy where it can (`np.asarray`
-   shares a CPU buffer; `gateway.transport.base.as_torch` takes it from there);
+   shares a CPU buffer; `gateway.transport.base.as_torch` takes it from there). When every
+   engine runs one TP degree > 1 (and the transport's `tp_shards` is on) the manifest is
+   sharded: the tensors stay JAX arrays split over the trainer's devices and each engine TP
+   rank receives only its own shard of each, copied straight out of the FSDP shards
+   (`gateway.transport.sharded`);
 5. waits until every engine acknowledged "loaded".
 
 Extra trainer memory is bounded by one bucket plus one tensor in its wire dtype (and its
@@ -70,6 +74,8 @@ class PushStats:
         ready_s: publish -> every engine at a safe point. send_s: the data-plane send (every
             receiver committed). loaded_s: send end -> every engine acknowledged "loaded".
         seconds: the whole push.
+        tp_size: the engine TP degree the version was sharded for (each TP rank received only
+            its own shards); 1 when every rank received whole tensors.
     """
 
     version: int
@@ -81,6 +87,7 @@ class PushStats:
     send_s: float
     loaded_s: float
     seconds: float
+    tp_size: int = 1
 
     @property
     def gb_per_s(self) -> float:
@@ -137,10 +144,22 @@ class WeightPublisher:
         self._generation = 0
         rules = expand(self.family, cfg, self.jax_dims)
         self._shapes = [(r.hf, r.hf_shape) for r in rules]
+        self._shards = {r.hf: r.rule.shard_kind for r in rules if r.rule.tp_dim is not None}
 
-    def manifest(self, version: int) -> Manifest:
-        """The manifest of `version`: every engine tensor, in sending order, wire dtype."""
-        return Manifest.of(version, self._shapes, self.dtype, self.transport.bucket_bytes)
+    def manifest(self, version: int, tp_size: int = 1) -> Manifest:
+        """The manifest of `version`: every engine tensor, in sending order, wire dtype.
+
+        Args:
+            tp_size: the engines' TP degree; above 1 the manifest is sharded (each TP rank
+                receives only its own shard of every tensor the mapping gives a `tp_dim`).
+
+        Raises:
+            ManifestError: a tensor that does not split over `tp_size`.
+        """
+        m = Manifest.of(version, self._shapes, self.dtype, self.transport.bucket_bytes)
+        if tp_size == 1:
+            return m
+        return m.sharded_for(tp_size, self._shards, num_kv_heads=self.cfg.num_kv_heads)
 
     def push(self, model_or_params: Any, version: int) -> PushStats:
         """Push `version` to every live engine and return once each one serves it.
@@ -174,7 +193,7 @@ class WeightPublisher:
         t3 = time.perf_counter()
         stats = PushStats(
             version, send.num_bytes, len(self._shapes), send.num_buckets, ids,
-            t1 - t0, t2 - t1, t3 - t2, t3 - t0,
+            t1 - t0, t2 - t1, t3 - t2, t3 - t0, plan.manifest.tp_size,
         )  # fmt: skip
         log.info(
             "pushed version %d: %.1f MB to %d engines in %.2f s (send %.2f GB/s)",
@@ -210,8 +229,17 @@ class WeightPublisher:
         transport = self.transport.model_dump()
         if not isinstance(self.transport, FileTransportConfig):
             transport["port"] = int(self._sender.port)  # type: ignore[attr-defined]
-        plan = SyncPlan(transport, self.manifest(version), ranks, offset, self._generation)
+        manifest = self.manifest(version, self._shard_tp(members))
+        plan = SyncPlan(transport, manifest, ranks, offset, self._generation)
         return self._sender, plan
+
+    def _shard_tp(self, members: tuple[tuple[str, int], ...]) -> int:
+        """The TP degree to shard for: the engines' one TP degree when the transport is a
+        collective one with `tp_shards` on, else 1 (whole tensors to every rank)."""
+        sizes = {tp for _, tp in members}
+        if isinstance(self.transport, FileTransportConfig) or not self.transport.tp_shards:
+            return 1
+        return sizes.pop() if len(sizes) == 1 else 1
 
     def _drop_group(self) -> None:
         if self._sender is not None:
@@ -219,8 +247,9 @@ class WeightPublisher:
         self._sender, self._members = None, ()
 
     def _send(self, sender: WeightSender, manifest: Manifest, params: Mapping) -> SendStats:
+        tensors = self._sharded_tensors if manifest.sharded else self._engine_tensors
         try:
-            return sender.send(manifest, self._engine_tensors(params))
+            return sender.send(manifest, tensors(params))
         except TransferError as e:
             states = self.client.wait_sync(manifest.version, 5.0, "loaded").engines
             errors = {s.engine_id: s.error for s in states if s.phase == "failed"}
@@ -239,6 +268,17 @@ class WeightPublisher:
         cast = _CastView(params, wire, bits)
         for name, array in params_to_engine(self.family, self.cfg, cast, self.jax_dims):
             yield name, (array if bits is None else np.ascontiguousarray(array).view(wire))
+
+    def _sharded_tensors(self, params: Mapping) -> Iterator[tuple[str, Any]]:
+        """(HF name, JAX array in the wire dtype and HF layout) one at a time, still split
+        over the trainer's devices: the sender copies each TP rank's region straight out of
+        the FSDP shards (`gateway.transport.sharded`), so no whole tensor is gathered."""
+        wire = jnp.dtype(self.dtype)
+
+        def cast(x: Any) -> Any:
+            return x if x.dtype == wire else jnp.asarray(x).astype(wire)
+
+        yield from params_to_engine(self.family, self.cfg, params, self.jax_dims, cast, host=False)
 
     def _wait(self, version: int, phase: str, ids: tuple[str, ...], timeout_s: float) -> None:
         """Wait until every engine of `ids` reached `phase` for `version`.

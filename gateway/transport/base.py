@@ -22,12 +22,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gateway.transport.manifest import Manifest, ManifestError, bucket_layout
+from gateway.transport.reshard import Region, pieces_for
 
 if TYPE_CHECKING:
     import torch
 
-# One bucket as handed to a receiver's callback: (name, tensor) pairs, tensors of the
-# manifest's shape and dtype, viewing a buffer that is reused after the callback returns.
+# One bucket as handed to a receiver's callback: (name, tensor) pairs in the manifest's dtype,
+# of the manifest's full shape, or, for a sharded manifest (`Manifest.tp_size` > 1), of this
+# TP rank's region (`Manifest.region`); views into the received buffer.
 Bucket = list[tuple[str, "torch.Tensor"]]
 OnBucket = Callable[[Bucket], None]
 
@@ -135,6 +137,34 @@ def as_torch(x: Any) -> torch.Tensor:
     raise TypeError(f"expected a torch tensor, numpy array or dlpack array, got {type(x)}")
 
 
+def _full_box(index: tuple, shape: tuple[int, ...]) -> Region:
+    """A JAX shard's `index` (slices, possibly open-ended) as a region of the full tensor."""
+    return tuple(slice(*s.indices(d)[:2]) for s, d in zip(index, shape, strict=True))
+
+
+def write_region(dst: torch.Tensor, array: Any, region: Region) -> None:
+    """`dst[...] = array[region]`, cast to `dst`'s dtype.
+
+    Args:
+        dst: the destination, shape `[region's extents]`.
+        array: the full tensor: a torch tensor, a numpy array, or a JAX array, possibly
+            sharded over several devices; then only the blocks of the shards that overlap
+            `region` are read (each through dlpack where the platform allows), never the
+            whole tensor.
+        region: one slice per dim, in full-tensor indices.
+    """
+    shards = getattr(array, "addressable_shards", None)
+    if shards is not None and len(shards) > 1 and not array.is_fully_replicated:
+        shape = tuple(array.shape)
+        boxes = [_full_box(sh.index, shape) for sh in shards]
+        for p in pieces_for(region, boxes):
+            dst[p.dst_region].copy_(as_torch(shards[p.src].data[p.src_region]))
+        return
+    if shards is not None and len(shards) > 1:  # replicated on several devices: one copy
+        array = shards[0].data
+    dst.copy_(as_torch(array)[region])
+
+
 def iter_packed(
     manifest: Manifest, tensors: Iterable[tuple[str, Any]], device: str = "cpu"
 ) -> Iterator[torch.Tensor]:
@@ -163,13 +193,12 @@ def iter_packed(
                 ) from None
             if name != spec.name:
                 raise ManifestError(f"tensor {i}: got {name!r}, manifest says {spec.name!r}")
-            t = as_torch(arr)
-            if tuple(t.shape) != spec.shape:
+            if tuple(arr.shape) != spec.shape:
                 raise ManifestError(
-                    f"{name}: shape {list(t.shape)}, manifest says {list(spec.shape)}"
+                    f"{name}: shape {list(arr.shape)}, manifest says {list(spec.shape)}"
                 )
             dst = buf[off : off + spec.nbytes].view(getattr(torch, spec.dtype)).view(spec.shape)
-            dst.copy_(t)
+            write_region(dst, arr, tuple(slice(0, d) for d in spec.shape))
         yield buf
     extra = next(it, None)
     if extra is not None:

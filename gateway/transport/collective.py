@@ -1,9 +1,13 @@
 """The broadcast protocol shared by the collective transports (gloo on CPUs, NCCL on GPUs).
 
-Rank 0 is the sender; ranks 1..N are receivers (an engine's tensor-parallel workers). Per
-version: broadcast the manifest length `int64 [1]` and its JSON bytes `uint8 [L]`; all-reduce
-(MIN) an accept flag `int32 [1]`; broadcast each packed bucket `uint8 [total_bytes]`;
-all-reduce (MIN) a loaded flag `int32 [1]`: the commit. A receiver whose callback fails keeps
+Rank 0 is the sender; ranks 1..N are receivers (the engines' tensor-parallel workers; group
+rank g is TP rank `reshard.tp_rank_of(g, tp_size)`). Per version: broadcast the manifest
+length `int64 [1]` and its JSON bytes `uint8 [L]`; all-reduce (MIN) an accept flag
+`int32 [1]`; then per bucket either
+- (a manifest with `tp_size` 1) broadcast the packed bucket `uint8 [total_bytes]`, or
+- (a sharded manifest, `sharded.py`) broadcast the bucket's replicated tensors, if any, and
+  send each receiver only its TP rank's regions of the sharded ones, point to point;
+then all-reduce (MIN) a loaded flag `int32 [1]`: the commit. A receiver whose callback fails keeps
 draining the remaining buckets so the group stays in step, then votes 0 at the commit.
 A timeout or a broken connection leaves the group out of step: close both ends and reconnect.
 """
@@ -24,6 +28,8 @@ from gateway.transport.base import (
     unpack,
 )
 from gateway.transport.manifest import Manifest, ManifestError, bucket_layout
+from gateway.transport.reshard import tp_rank_of
+from gateway.transport.sharded import iter_packed_sharded, rank_layout, split_bucket, unpack_rank
 
 if TYPE_CHECKING:
     import torch
@@ -51,11 +57,13 @@ def rendezvous_store(
 
 
 class _Group:
-    """A thin wrapper over a torch c10d process group: broadcast from 0 and MIN all-reduce."""
+    """A thin wrapper over a torch c10d process group: broadcast from 0, MIN all-reduce, and
+    point-to-point sends from 0 (each bounded by `timeout_s` seconds)."""
 
-    def __init__(self, pg: Any, device: str) -> None:
+    def __init__(self, pg: Any, device: str, timeout_s: float = 300.0) -> None:
         self.pg = pg
         self.device = device
+        self.timeout_s = timeout_s
 
     def broadcast(self, t: torch.Tensor) -> None:
         import torch.distributed as dist
@@ -73,6 +81,20 @@ class _Group:
         opts.reduceOp = dist.ReduceOp.MIN  # type: ignore[assignment]
         self.pg.allreduce([t], opts).wait()
         return int(t.item())
+
+    def send_each(self, bufs: dict[int, torch.Tensor]) -> None:
+        """Send `bufs[g]` to group rank g, every send in flight at once (rank 0 only)."""
+        import datetime
+
+        works = [self.pg.send([t], g, 0) for g, t in bufs.items()]
+        for w in works:
+            w.wait(datetime.timedelta(seconds=self.timeout_s))
+
+    def recv(self, t: torch.Tensor) -> None:
+        """Receive into `t` from rank 0."""
+        import datetime
+
+        self.pg.recv([t], 0, 0).wait(datetime.timedelta(seconds=self.timeout_s))
 
 
 class CollectiveSender(WeightSender):
@@ -108,9 +130,12 @@ class CollectiveSender(WeightSender):
                     f"a receiver refused the manifest of version {manifest.version}"
                 )
             n = 0
-            for buf in iter_packed(manifest, tensors, device=g.device):
-                g.broadcast(buf)
-                n += 1
+            if manifest.sharded:
+                n = self._send_sharded(manifest, tensors)
+            else:
+                for buf in iter_packed(manifest, tensors, device=g.device):
+                    g.broadcast(buf)
+                    n += 1
             if g.all_min(1) != 1:
                 raise TransferError(f"a receiver failed to load version {manifest.version}")
         except RuntimeError as e:
@@ -118,6 +143,21 @@ class CollectiveSender(WeightSender):
                 raise
             raise TransferError(f"sending version {manifest.version} failed: {e}") from e
         return SendStats(manifest.version, manifest.total_bytes, n, time.perf_counter() - t0)
+
+    def _send_sharded(self, manifest: Manifest, tensors: Iterable[tuple[str, Any]]) -> int:
+        """Per bucket: broadcast the replicated part, send each rank its own regions."""
+        g = self._group
+        assert g is not None
+        world = int(g.pg.size())
+        tp_of = {r: tp_rank_of(r, manifest.tp_size) for r in range(1, world)}
+        n = 0
+        for packed in iter_packed_sharded(manifest, tensors, tp_of.values(), device=g.device):
+            if packed.replicated is not None:
+                g.broadcast(packed.replicated)
+            if packed.per_rank:
+                g.send_each({r: packed.per_rank[tp] for r, tp in tp_of.items()})
+            n += 1
+        return n
 
 
 class CollectiveReceiver(WeightReceiver):
@@ -164,7 +204,6 @@ class CollectiveReceiver(WeightReceiver):
 
     def receive(self, manifest: Manifest, on_bucket: OnBucket) -> None:
         """See `WeightReceiver.receive`."""
-        import torch
 
         self.connect()
         g = self._group
@@ -184,12 +223,10 @@ class CollectiveReceiver(WeightReceiver):
                 raise TransferError(f"another receiver refused version {manifest.version}")
             failure: BaseException | None = None
             for bucket in manifest.buckets():
-                _, total = bucket_layout(manifest, bucket)
-                buf = torch.empty(total, dtype=torch.uint8, device=g.device)
-                g.broadcast(buf)
+                data = self._receive_bucket(manifest, bucket)
                 if failure is None:
                     try:
-                        on_bucket(unpack(manifest, bucket, buf))
+                        on_bucket(data)
                     except Exception as e:  # keep draining so the group stays in step
                         failure = e
             ok = g.all_min(0 if failure is not None else 1)
@@ -203,3 +240,34 @@ class CollectiveReceiver(WeightReceiver):
             ) from failure
         if ok != 1:
             raise TransferError(f"another receiver failed to load version {manifest.version}")
+
+    @property
+    def group_rank(self) -> int:
+        """This receiver's rank in the group (>= 1); subclasses set `rank`."""
+        return int(getattr(self, "rank", 1))
+
+    def _receive_bucket(self, manifest: Manifest, bucket: list[int]) -> Any:
+        """One bucket off the wire: the whole bucket, or (sharded) the replicated part and
+        this rank's regions; views into fresh buffers (vLLM's layerwise reload may keep them
+        until a layer is complete)."""
+        import torch
+
+        g = self._group
+        assert g is not None
+        if not manifest.sharded:
+            _, total = bucket_layout(manifest, bucket)
+            buf = torch.empty(total, dtype=torch.uint8, device=g.device)
+            g.broadcast(buf)
+            return unpack(manifest, bucket, buf)
+        tp_rank = tp_rank_of(self.group_rank, manifest.tp_size)
+        split = split_bucket(manifest, bucket)
+        rep = mine = None
+        if split.replicated:
+            total = rank_layout(manifest, split.replicated, 0)[1]
+            rep = torch.empty(total, dtype=torch.uint8, device=g.device)
+            g.broadcast(rep)
+        if split.sharded:
+            total = rank_layout(manifest, split.sharded, tp_rank)[1]
+            mine = torch.empty(total, dtype=torch.uint8, device=g.device)
+            g.recv(mine)
+        return unpack_rank(manifest, bucket, tp_rank, rep, mine)

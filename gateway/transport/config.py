@@ -22,6 +22,9 @@ class GlooTransportConfig(BaseModel):
     """Seconds allowed for the rendezvous and each collective."""
     bucket_bytes: int = Field(256 * 2**20, gt=0)
     """Bucket size in bytes: bounds the extra memory of each side."""
+    tp_shards: bool = True
+    """Send each engine TP rank only its own shard of every tensor-parallel tensor (when all
+    engines run one TP degree > 1); False sends every tensor whole to every rank."""
 
 
 class NcclTransportConfig(GlooTransportConfig):

@@ -24,7 +24,7 @@ def _gloo_group(store: Any, rank: int, world_size: int, timeout_s: float) -> _Gr
 
     timeout = datetime.timedelta(seconds=timeout_s)
     pg = dist.ProcessGroupGloo(dist.PrefixStore("jaxrl-weights", store), rank, world_size, timeout)
-    return _Group(pg, "cpu")
+    return _Group(pg, "cpu", timeout_s)
 
 
 class GlooSender(CollectiveSender):

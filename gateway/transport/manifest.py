@@ -8,10 +8,16 @@ no torch, numpy or JAX at import time, so the gateway can carry manifests cheapl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from gateway.transport.reshard import Region, ShardKind, tp_slice
+
+SHARD_KINDS = ("replicated", "column", "kv", "row", "vocab")
 
 # Bytes per element of each wire dtype, named as torch names them (`torch.<name>`).
 DTYPE_BYTES: dict[str, int] = {
@@ -40,11 +46,14 @@ class TensorSpec:
         shape: full (unsharded) shape, e.g. `(num_heads * head_dim, hidden)`.
         dtype: wire dtype as torch names it (`"bfloat16"`, `"float32"`, ...), a key of
             `DTYPE_BYTES`.
+        shard: how the engine's tensor parallelism splits it (`gateway.transport.reshard`);
+            used only when the manifest's `tp_size` > 1.
     """
 
     name: str
     shape: tuple[int, ...]
     dtype: str
+    shard: ShardKind = "replicated"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_BYTES:
@@ -54,6 +63,10 @@ class TensorSpec:
         if any((not isinstance(d, int)) or d < 0 for d in self.shape):
             raise ManifestError(
                 f"tensor {self.name!r}: shape must be non-negative ints, got {self.shape}"
+            )
+        if self.shard not in SHARD_KINDS:
+            raise ManifestError(
+                f"tensor {self.name!r}: shard {self.shard!r} is not one of {SHARD_KINDS}"
             )
 
     @property
@@ -72,11 +85,17 @@ class Manifest:
         bucket_bytes: upper bound in bytes of one bucket; a tensor larger than it travels
             alone in its own bucket (so the extra memory on each side is at most
             `max(bucket_bytes, largest tensor)`).
+        tp_size: the receiving engines' TP degree when each TP rank gets only its own shard
+            of every non-replicated tensor (`TensorSpec.shard`); 1 sends every tensor whole
+            to every rank.
+        num_kv_heads: the model's KV heads (needed when a tensor's shard is `kv`).
     """
 
     version: int
     tensors: tuple[TensorSpec, ...]
     bucket_bytes: int
+    tp_size: int = 1
+    num_kv_heads: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.version, int) or self.version < 0:
@@ -87,6 +106,30 @@ class Manifest:
         dupes = sorted(n for n, c in counts.items() if c > 1)
         if dupes:
             raise ManifestError(f"manifest names must be unique; repeated: {dupes}")
+        if not isinstance(self.tp_size, int) or self.tp_size < 1:
+            raise ManifestError(f"tp_size must be an int >= 1, got {self.tp_size!r}")
+        if self.tp_size > 1:
+            for t in self.tensors:
+                try:
+                    tp_slice(t.shape, t.shard, self.tp_size, 0, self.num_kv_heads or None)
+                except ValueError as e:
+                    raise ManifestError(
+                        f"tensor {t.name!r} {list(t.shape)} cannot be split {t.shard!r} over "
+                        f"tp_size {self.tp_size} (num_kv_heads {self.num_kv_heads}): {e}"
+                    ) from e
+
+    @property
+    def sharded(self) -> bool:
+        """Whether each TP rank receives only its own shard (`tp_size` > 1)."""
+        return self.tp_size > 1
+
+    def region(self, i: int, tp_rank: int) -> Region:
+        """The part of tensor `i`'s full shape that TP rank `tp_rank` receives (all of it
+        when the manifest is not sharded or the tensor is replicated)."""
+        t = self.tensors[i]
+        if not self.sharded:
+            return tuple(slice(0, d) for d in t.shape)
+        return tp_slice(t.shape, t.shard, self.tp_size, tp_rank, self.num_kv_heads or None)
 
     @property
     def total_bytes(self) -> int:
@@ -113,11 +156,22 @@ class Manifest:
         return out
 
     def to_dict(self) -> dict:
-        """A JSON-ready dict (the form carried by vLLM's update request and the gateway)."""
+        """A JSON-ready dict (the form carried by vLLM's update request and the gateway).
+
+        A sharded manifest adds `tp_size`, `num_kv_heads` and each tensor's shard kind.
+        """
+        if not self.sharded:
+            return {
+                "version": self.version,
+                "bucket_bytes": self.bucket_bytes,
+                "tensors": [[t.name, list(t.shape), t.dtype] for t in self.tensors],
+            }
         return {
             "version": self.version,
             "bucket_bytes": self.bucket_bytes,
-            "tensors": [[t.name, list(t.shape), t.dtype] for t in self.tensors],
+            "tp_size": self.tp_size,
+            "num_kv_heads": self.num_kv_heads,
+            "tensors": [[t.name, list(t.shape), t.dtype, t.shard] for t in self.tensors],
         }
 
     @classmethod
@@ -125,9 +179,16 @@ class Manifest:
         """Inverse of `to_dict`. Raises `ManifestError` on a missing or malformed field."""
         try:
             tensors = tuple(
-                TensorSpec(str(n), tuple(int(x) for x in s), str(dt)) for n, s, dt in d["tensors"]
+                TensorSpec(str(n), tuple(int(x) for x in s), str(dt), *(str(k) for k in rest))  # type: ignore[arg-type]
+                for n, s, dt, *rest in d["tensors"]
             )
-            return cls(int(d["version"]), tensors, int(d["bucket_bytes"]))
+            return cls(
+                int(d["version"]),
+                tensors,
+                int(d["bucket_bytes"]),
+                int(d.get("tp_size", 1)),
+                int(d.get("num_kv_heads", 0)),
+            )
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, ManifestError):
                 raise
@@ -159,20 +220,46 @@ class Manifest:
 
     def with_bucket_bytes(self, bucket_bytes: int) -> Manifest:
         """The same tensors and version with another bucket size."""
-        return Manifest(self.version, self.tensors, bucket_bytes)
+        return dataclasses.replace(self, bucket_bytes=bucket_bytes)
+
+    def sharded_for(
+        self, tp_size: int, shards: Mapping[str, ShardKind], num_kv_heads: int = 0
+    ) -> Manifest:
+        """The same version sent to engines of TP degree `tp_size`, each TP rank receiving
+        only its own shard of every tensor `shards` names (the others go whole).
+
+        Raises:
+            ManifestError: a name of `shards` that the manifest lacks, or a tensor that does
+                not split over `tp_size`.
+        """
+        unknown = sorted(set(shards) - {t.name for t in self.tensors})
+        if unknown:
+            raise ManifestError(f"shard kinds for tensors the manifest lacks: {unknown}")
+        tensors = tuple(
+            dataclasses.replace(t, shard=shards.get(t.name, "replicated")) for t in self.tensors
+        )
+        return dataclasses.replace(
+            self, tensors=tensors, tp_size=tp_size, num_kv_heads=num_kv_heads
+        )
 
 
-def check_manifest(manifest: Manifest, expected: dict[str, tuple[tuple[int, ...], str]]) -> None:
+def check_manifest(
+    manifest: Manifest, expected: dict[str, tuple[tuple[int, ...], str]], tp_size: int = 1
+) -> None:
     """Check a manifest against the tensors a model expects, before anything is loaded.
 
     Args:
         manifest: the version offered.
         expected: name -> (full shape, dtype) of every tensor the receiving model holds.
+        tp_size: the receiving engine's TP degree; a sharded manifest must be sharded for it.
 
     Raises:
-        ManifestError: listing every unknown name, missing name, wrong shape and wrong dtype.
+        ManifestError: listing every unknown name, missing name, wrong shape and wrong dtype,
+            and a manifest sharded for another TP degree.
     """
     problems: list[str] = []
+    if manifest.sharded and manifest.tp_size != tp_size:
+        problems.append(f"sharded for tp_size {manifest.tp_size}, the engine runs {tp_size}")
     names = {t.name for t in manifest.tensors}
     unknown = sorted(names - expected.keys())
     missing = sorted(expected.keys() - names)
@@ -199,6 +286,17 @@ def check_manifest(manifest: Manifest, expected: dict[str, tuple[tuple[int, ...]
 ALIGN = 16
 
 
+def aligned_offsets(sizes: list[int]) -> tuple[list[int], int]:
+    """Byte offsets of consecutive blocks of `sizes` bytes, each aligned to `ALIGN`, and the
+    total (the end of the last block, aligned)."""
+    offsets = []
+    off = 0
+    for n in sizes:
+        offsets.append(off)
+        off += -(-n // ALIGN) * ALIGN
+    return offsets, off
+
+
 def bucket_layout(manifest: Manifest, bucket: list[int]) -> tuple[list[int], int]:
     """Byte offsets of a bucket's tensors inside one packed buffer, and its total size.
 
@@ -210,9 +308,4 @@ def bucket_layout(manifest: Manifest, bucket: list[int]) -> tuple[list[int], int
         (offsets, total): `offsets[j]` is where tensor `bucket[j]` starts, aligned to `ALIGN`
         bytes; `total` is the buffer size in bytes (the end of the last tensor, aligned).
     """
-    offsets = []
-    off = 0
-    for i in bucket:
-        offsets.append(off)
-        off += -(-manifest.tensors[i].nbytes // ALIGN) * ALIGN
-    return offsets, off
+    return aligned_offsets([manifest.tensors[i].nbytes for i in bucket])

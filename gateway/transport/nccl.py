@@ -1,10 +1,11 @@
 """Weights over NCCL, for GPUs: the broadcast protocol of `collective.py` on a private
 `ProcessGroupNCCL`, with buckets packed and received in device memory.
 
-Untested here (no GPUs); the rendezvous, the protocol and the packing are the ones the gloo
-transport runs in CI, only the process group and the device differ. Each tensor-parallel rank
-currently receives full tensors and vLLM's loaders take their shard (`reshard.py` computes the
-per-rank slices for sending each rank only its own shard).
+Untested here (no GPUs); the rendezvous, the protocol, the packing and the per-rank
+delivery of sharded manifests (each TP rank receives only its own shard, point to point,
+`sharded.py`) are the ones the gloo transport runs in CI; only the process group and the
+device differ. The sender's buffers live on its GPU and are filled from the trainer's FSDP
+shards device to device.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def _nccl_group(store: Any, rank: int, world_size: int, timeout_s: float, device
     opts = dist.ProcessGroupNCCL.Options()
     opts._timeout = datetime.timedelta(seconds=timeout_s)
     pg = dist.ProcessGroupNCCL(dist.PrefixStore("jaxrl-weights", store), rank, world_size, opts)
-    return _Group(pg, device)
+    return _Group(pg, device, timeout_s)
 
 
 class NcclSender(CollectiveSender):

@@ -13,14 +13,17 @@ vLLM's own loaders take it:
   rank's range clipped to the real vocab, `VocabParallelEmbedding` / `ParallelLMHead`;
 - `replicated` (norms, row-parallel biases): every rank takes the whole tensor.
 
-The trainer holds each tensor as FSDP shards along dim 0 (shard s of S holds rows
-`[s * n / S, (s + 1) * n / S)`). `plan` lists the pieces that move: which trainer shard's
-sub-block goes where in which TP rank's tensor (fan-in when the trainer has more shards than
-a TP slice spans, fan-out when one shard feeds several ranks, KV replication included).
+The trainer holds each tensor as FSDP shards, each a box of the full tensor (split along any
+one dim, possibly replicated over a data-parallel axis). `pieces_for` lists the blocks that
+move: which trainer shard's sub-block goes where in a TP rank's slice (fan-in when a slice
+spans several shards, fan-out when one shard feeds several ranks, KV replication included);
+`plan` does it for every rank of an even FSDP split. `gateway.transport.sharded` runs it on
+the sender for every tensor of a sharded manifest.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -92,12 +95,27 @@ def tp_slice(
     return tuple(full)
 
 
+def tp_rank_of(group_rank: int, tp_size: int) -> int:
+    """The engine TP rank of data-plane group rank `group_rank` (>= 1).
+
+    The trainer numbers every engine's TP ranks consecutively after the sender (rank 0):
+    engine e's TP rank r is group rank `1 + e * tp_size + r` (`trainer.publish`), so
+    `tp_rank = (group_rank - 1) % tp_size`.
+
+    Raises:
+        ValueError: group rank 0 (the sender) or a tp_size < 1.
+    """
+    if group_rank < 1 or tp_size < 1:
+        raise ValueError(f"expected group_rank >= 1 and tp_size >= 1, got {group_rank}, {tp_size}")
+    return (group_rank - 1) % tp_size
+
+
 @dataclass(frozen=True)
 class Piece:
     """One block that moves from a trainer shard to a TP rank.
 
     Attributes:
-        src: trainer FSDP shard index (the device holding it).
+        src: index of the trainer shard (the device holding it) in the list of boxes.
         src_region: the block inside that shard (shard-local indices).
         dst: TP rank receiving it.
         dst_region: where it lands inside that rank's slice (slice-local indices).
@@ -115,38 +133,82 @@ def fsdp_rows(n: int, fsdp_size: int) -> list[tuple[int, int]]:
     return [(s * k, (s + 1) * k) for s in range(fsdp_size)]
 
 
+def fsdp_boxes(shape: tuple[int, ...], fsdp_size: int, dim: int = 0) -> list[Region]:
+    """The region of the full tensor each of `fsdp_size` trainer shards holds when the tensor
+    is split evenly along `dim` (shard s holds `[s * n / S, (s + 1) * n / S)` of it)."""
+    k = _split(shape[dim], fsdp_size, f"FSDP dim {dim}")
+    boxes = []
+    for s in range(fsdp_size):
+        box = [slice(0, d) for d in shape]
+        box[dim] = slice(s * k, (s + 1) * k)
+        boxes.append(tuple(box))
+    return boxes
+
+
+def overlap(region: Region, box: Region) -> tuple[Region, Region] | None:
+    """Where two regions of one full tensor meet, or None if they do not.
+
+    Returns:
+        (box-local, region-local): the intersection in indices relative to `box`'s start and
+        to `region`'s start.
+    """
+    src, dst = [], []
+    for r, b in zip(region, box, strict=True):
+        lo, hi = max(r.start, b.start), min(r.stop, b.stop)
+        if lo >= hi:
+            return None
+        src.append(slice(lo - b.start, hi - b.start))
+        dst.append(slice(lo - r.start, hi - r.start))
+    return tuple(src), tuple(dst)
+
+
+def pieces_for(region: Region, boxes: list[Region], dst: int = 0) -> list[Piece]:
+    """The blocks of trainer shards (`boxes`, one region of the full tensor per shard, any
+    layout, replicas allowed: the first shard holding an element supplies it) that tile
+    `region` exactly once.
+
+    Raises:
+        ValueError: the boxes do not cover `region`.
+    """
+    out: list[Piece] = []
+    seen: set[tuple[tuple[int, int], ...]] = set()
+    covered = 0
+    for s, box in enumerate(boxes):
+        key = tuple((b.start, b.stop) for b in box)
+        if key in seen:  # a replica of a shard already used
+            continue
+        seen.add(key)
+        hit = overlap(region, box)
+        if hit is None:
+            continue
+        out.append(Piece(s, hit[0], dst, hit[1]))
+        covered += math.prod(x.stop - x.start for x in hit[1])
+    want = math.prod(r.stop - r.start for r in region)
+    if covered != want:
+        raise ValueError(f"trainer shards cover {covered} of the {want} elements of {region}")
+    return out
+
+
 def plan(
     shape: tuple[int, ...],
     kind: ShardKind,
     tp_size: int,
     fsdp_size: int,
     num_kv_heads: int | None = None,
+    fsdp_dim: int = 0,
 ) -> list[Piece]:
-    """Every block to move so each TP rank gets exactly its `tp_slice`, from FSDP shards.
+    """Every block to move so each TP rank gets exactly its `tp_slice`, from `fsdp_size`
+    trainer shards split along `fsdp_dim` (`fsdp_boxes`). Fan-in when a TP slice spans
+    several shards, fan-out when one shard feeds several ranks.
 
     Returns:
         Pieces ordered by (dst, src). Per TP rank they tile its slice exactly once.
     """
-    rows = fsdp_rows(shape[0], fsdp_size)
-    pieces: list[Piece] = []
+    boxes = fsdp_boxes(shape, fsdp_size, fsdp_dim)
+    out: list[Piece] = []
     for r in range(tp_size):
-        region = tp_slice(shape, kind, tp_size, r, num_kv_heads)
-        r0, r1 = region[0].start, region[0].stop
-        rest = region[1:]
-        for s, (a, b) in enumerate(rows):
-            lo, hi = max(a, r0), min(b, r1)
-            if lo >= hi:
-                continue
-            local_rest = tuple(slice(0, x.stop - x.start) for x in rest)
-            pieces.append(
-                Piece(
-                    src=s,
-                    src_region=(slice(lo - a, hi - a), *rest),
-                    dst=r,
-                    dst_region=(slice(lo - r0, hi - r0), *local_rest),
-                )
-            )
-    return pieces
+        out += pieces_for(tp_slice(shape, kind, tp_size, r, num_kv_heads), boxes, r)
+    return out
 
 
 def apply_plan(

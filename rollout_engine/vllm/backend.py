@@ -189,7 +189,7 @@ class VllmBackend(RolloutBackend):
         async with self._lock:
             t0 = time.perf_counter()
             try:
-                check_manifest(manifest, self._expected)
+                check_manifest(manifest, self._expected, self.cfg.tensor_parallel_size)
             except ValueError as e:
                 kwargs = {"manifest": manifest.to_dict(), "reason": str(e)}
                 await self.engine.collective_rpc("jaxrl_refuse_update", kwargs=kwargs)

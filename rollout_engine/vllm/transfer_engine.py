@@ -2,9 +2,12 @@
 version through any `gateway.transport` receiver and loads it with vLLM's layerwise reload.
 
 Imported only inside vLLM worker processes, lazily, by the factory entry `registry.py` adds.
-Each tensor-parallel worker is one receiver of the group (rank `rank_offset + tp_rank`) and gets
-full HF-named tensors; the model's own `load_weights` fuses q/k/v and gate/up and takes its
-shard.
+Each tensor-parallel worker is one receiver of the group (rank `rank_offset + tp_rank`) and
+hands HF-named tensors to the model's own `load_weights`, which fuses q/k/v and gate/up and
+takes this rank's shard. With a sharded manifest (`Manifest.tp_size` > 1) the worker receives
+only its own region of each sharded tensor (`gateway.transport.reshard.tp_slice`, checked
+against vLLM's loaders in the tests) and `_as_full` places it where the loader reads it, so
+vLLM's loaders still do the fusing, vocab padding and CPU weight re-packing.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from vllm.distributed.weight_transfer.base import (
 from gateway.transport.base import WeightReceiver
 from gateway.transport.config import TransportConfig
 from gateway.transport.factory import make_receiver
-from gateway.transport.manifest import Manifest
+from gateway.transport.manifest import Manifest, ManifestError
 
 
 @dataclass
@@ -101,8 +104,25 @@ class JaxrlWeightTransferEngine(WeightTransferEngine[JaxrlInitInfo, JaxrlUpdateI
             raise RuntimeError("init_weight_transfer_engine was not called")
         manifest = Manifest.from_dict(update_info.manifest)
 
+        if manifest.sharded:
+            from vllm.distributed import (
+                get_tensor_model_parallel_rank,
+                get_tensor_model_parallel_world_size,
+            )
+
+            tp = get_tensor_model_parallel_world_size()
+            if manifest.tp_size != tp:
+                raise ManifestError(
+                    f"version {manifest.version} is sharded for tp_size {manifest.tp_size}, "
+                    f"this engine runs tp_size {tp}"
+                )
+            tp_rank = get_tensor_model_parallel_rank()
+            index = {t.name: i for i, t in enumerate(manifest.tensors)}
+
         def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
             self.buckets_loaded += 1
+            if manifest.sharded:
+                bucket = [(n, _as_full(manifest, index[n], tp_rank, t)) for n, t in bucket]
             self.model.load_weights(bucket)  # type: ignore[operator]
 
         self.receiver.receive(manifest, load)
@@ -118,6 +138,26 @@ class JaxrlWeightTransferEngine(WeightTransferEngine[JaxrlInitInfo, JaxrlUpdateI
         if self.receiver is not None:
             self.receiver.close()
             self.receiver = None
+
+
+def _as_full(manifest: Manifest, i: int, tp_rank: int, part: torch.Tensor) -> torch.Tensor:
+    """TP rank `tp_rank`'s region of tensor `i` as a tensor of the full shape that vLLM's
+    weight loaders narrow to exactly that region (the other elements are left uninitialised:
+    no loader of this rank reads them). A replicated tensor comes back as it is.
+
+    The loaders of vLLM's linear layers (`weight_loader_v2`) always narrow the checkpoint
+    tensor by the TP rank; handing them a full-shaped tensor keeps every loader path (fused
+    q/k/v and gate/up, padded vocab shards, quantised or re-packed weights) vLLM's own, while
+    only this rank's bytes crossed the wire. Costs one full-size allocation per tensor on this
+    rank, freed once its layer is loaded.
+    """
+    spec = manifest.tensors[i]
+    region = manifest.region(i, tp_rank)
+    if tuple(part.shape) == spec.shape:
+        return part
+    full = torch.empty(spec.shape, dtype=part.dtype, device=part.device)
+    full[region].copy_(part)
+    return full
 
 
 def _reprocess_tied_embeddings(model: torch.nn.Module) -> int:

@@ -57,7 +57,14 @@ def _wait_for(what: str, check, timeout_s: float, proc: subprocess.Popen, log: P
 
 
 @contextlib.contextmanager
-def stack(tmp_path: Path, model_a: Path, backend_args: list[str], sigterm: bool = False):
+def stack(
+    tmp_path: Path,
+    model_a: Path,
+    backend_args: list[str],
+    sigterm: bool = False,
+    family: str = "llama",
+    env: dict[str, str] | None = None,
+):
     """A gateway process and one engine process on model A; yields (trainer client, engine
     process, engine log). At exit the trainer shuts the gateway down (or, with `sigterm`, the
     engine gets SIGTERM and must deregister) and the engine must exit with status 0."""
@@ -65,7 +72,7 @@ def stack(tmp_path: Path, model_a: Path, backend_args: list[str], sigterm: bool 
     write_tokens(tokens)
     port_file, gw_log, engine_log = tmp_path / "port", tmp_path / "gw.log", tmp_path / "engine.log"
     procs: list[subprocess.Popen] = []
-    gw_args = ["--token-file", str(tokens), "--port-file", str(port_file), "--family", "llama"]
+    gw_args = ["--token-file", str(tokens), "--port-file", str(port_file), "--family", family]
     gw_args += ["--dtype", "float32", "--transport", "gloo", "--log-level", "WARNING"]
     with open(gw_log, "w") as out:
         gw = subprocess.Popen([sys.executable, "-m", "gateway", "serve", *gw_args], stderr=out)
@@ -80,7 +87,8 @@ def stack(tmp_path: Path, model_a: Path, backend_args: list[str], sigterm: bool 
         with open(engine_log, "w") as out:
             engine = subprocess.Popen(
                 [sys.executable, "-m", "rollout_engine", *args, *backend_args],
-                env={**os.environ, **H.CPU_ENV}, stdout=out, stderr=subprocess.STDOUT,
+                env={**os.environ, **H.CPU_ENV, **(env or {})}, stdout=out,
+                stderr=subprocess.STDOUT,
             )  # fmt: skip
         procs.append(engine)
         trainer = GatewayClient.from_token_file(address, tokens, "trainer")
@@ -145,14 +153,15 @@ def _check_greedy(groups, prefix: str, refs, version: int, forced_eos: bool) -> 
         assert (c.version_start, c.version_end) == (version, version)
 
 
-def _push_b(trainer, models) -> None:
+def _push_b(trainer, models, family: str = "llama"):
     transport = GlooTransportConfig(port=0, timeout_s=120, bucket_bytes=64 * 1024)
-    publisher = WeightPublisher(trainer, transport, "llama", models["cfg_b"], "float32")
+    publisher = WeightPublisher(trainer, transport, family, models["cfg_b"], "float32")
     stats = publisher.push(models["decoder_b"], version=1)
     print(f"push: {stats.num_bytes} B in {stats.seconds:.3f} s ({stats.gb_per_s:.3f} GB/s; "
           f"send {stats.send_s:.3f} s, {stats.send_gb_per_s:.3f} GB/s)")  # fmt: skip
     assert stats.version == 1 and stats.num_buckets > 1
     publisher.close()
+    return stats
 
 
 def _check_sampled_logprobs(trainer, decoder, forced_eos: bool) -> None:
@@ -204,3 +213,37 @@ def test_jax_engine_sampled_logprobs_match_after_a_push(tmp_path, models):
     with stack(tmp_path, models["A"], args, sigterm=True) as (trainer, _, _):
         _push_b(trainer, models)
         _check_sampled_logprobs(trainer, models["decoder_b"], True)
+
+
+@pytest.fixture(scope="module")
+def qwen2_models(tiny_checkpoint):
+    """Tiny qwen2 A and B (2 query heads, 1 KV head: at TP 2 the KV head is replicated on both
+    ranks), B's JAX model split FSDP over 4 devices (each TP rank's shards gather from 2)."""
+    from trainer.sharding import make_mesh
+
+    a, b = tiny_checkpoint("qwen2", seed=21), tiny_checkpoint("qwen2", seed=22)
+    hf_a, hf_b = H.hf_model(a), H.hf_model(b)
+    mesh = make_mesh(fsdp=4, devices=jax.devices()[:4])
+    cfg_b, decoder_b = load_hf_checkpoint(b, dtype="float32", mesh=mesh, min_shard_bytes=0)
+    assert cfg_b.num_kv_heads == 1
+    assert decoder_b.layers[0].attn.q.kernel[...].sharding.spec != jax.sharding.PartitionSpec()
+    ref_a = [H.hf_greedy(hf_a, p, N_GREEDY) for p in PROMPTS]
+    ref_b = [H.hf_greedy(hf_b, p, N_GREEDY) for p in PROMPTS]
+    assert ref_a != ref_b
+    return {"A": a, "B": b, "cfg_b": cfg_b, "decoder_b": decoder_b, "ref_a": ref_a, "ref_b": ref_b}
+
+
+def test_vllm_tp2_engine_receives_only_its_shards_from_fsdp_params(tmp_path, qwen2_models):
+    """vLLM at TP 2 (one worker process per rank, a core each); the trainer's params are FSDP
+    over 4 devices and the manifest is sharded: each rank gets only its own shard (the KV head
+    replicated), and the engine then serves B exactly."""
+    args = ["--backend", "vllm", "--vllm-max-model-len", "128", "--vllm-tensor-parallel-size", "2"]
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    models = qwen2_models
+    with stack(tmp_path, models["A"], args, family="qwen2", env=env) as (trainer, _, _):
+        assert trainer.status().engines[0].tp_size == 2
+        _check_greedy(_submit(trainer, _greedy("a", 0)), "a", models["ref_a"], 0, False)
+        stats = _push_b(trainer, models, "qwen2")
+        assert stats.tp_size == 2
+        _check_greedy(_submit(trainer, _greedy("b", 1)), "b", models["ref_b"], 1, False)
+        _check_sampled_logprobs(trainer, models["decoder_b"], False)
