@@ -27,13 +27,41 @@ def resolve_accelerator(job: JobConfig) -> str:
     return acc
 
 
+def resolve_data_plane(job: JobConfig) -> str:
+    """The weight transport, "gloo" or "nccl" (launch.data_plane; auto: nccl for vLLM engines
+    on GPUs, gloo otherwise: the JAX engine and every CPU run use gloo).
+
+    Raises:
+        ValueError: nccl asked for without vLLM engines on GPUs.
+    """
+    dp = job.launch.data_plane
+    gpu_vllm = resolve_accelerator(job) == "gpu" and job.run.rollout.backend == "vllm"
+    if dp == "auto":
+        return "nccl" if gpu_vllm else "gloo"
+    if dp == "nccl" and not gpu_vllm:
+        raise ValueError(
+            "launch.data_plane=nccl needs vLLM engines on GPUs; got accelerator "
+            f"{resolve_accelerator(job)} and rollout.backend {job.run.rollout.backend}"
+        )
+    return dp
+
+
+def tp_bind(cores: str, tp_size: int) -> str:
+    """An engine's cores ("first-last") split among its `tp_size` vLLM TP ranks, as
+    `VLLM_CPU_OMP_THREADS_BIND` takes it: "0-1|2-3" (ranks share a core when there are fewer
+    cores than ranks)."""
+    first, last = (int(x) for x in cores.split("-"))
+    return "|".join(cpu_bind(r, tp_size, last - first + 1, first) for r in range(tp_size))
+
+
 def _xla_flags(base: str | None, devices: int) -> str:
     kept = [f for f in (base or "").split() if "xla_force_host_platform_device_count" not in f]
     return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
 
 
-def cpu_bind(index: int, count: int, cores: int) -> str:
-    """Engine `index`'s share of `cores` CPU cores as "first-last" (every engine at least one).
+def cpu_bind(index: int, count: int, cores: int, offset: int = 0) -> str:
+    """Engine `index`'s share of `cores` CPU cores (numbered from `offset`) as "first-last"
+    (every engine at least one).
 
     Raises:
       ValueError: index outside [0, count) or count/cores < 1.
@@ -41,12 +69,12 @@ def cpu_bind(index: int, count: int, cores: int) -> str:
     if count < 1 or cores < 1 or not 0 <= index < count:
         raise ValueError(f"need 0 <= index < count and cores >= 1; got {index}, {count}, {cores}")
     if count >= cores:
-        core = index % cores
+        core = offset + index % cores
         return f"{core}-{core}"
     per = cores // count
     first = index * per
     last = cores - 1 if index == count - 1 else first + per - 1
-    return f"{first}-{last}"
+    return f"{offset + first}-{offset + last}"
 
 
 def trainer_env(job: JobConfig, base: Mapping[str, str]) -> dict[str, str]:
@@ -75,8 +103,8 @@ def engine_env(job: JobConfig, index: int, base: Mapping[str, str]) -> dict[str,
         env["XLA_FLAGS"] = _xla_flags(base.get("XLA_FLAGS"), k)
         if job.run.rollout.backend == "vllm":
             env["VLLM_CPU_KVCACHE_SPACE"] = str(launch.vllm_kv_cache_gib)
-            env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind(
-                index, launch.num_engines, os.cpu_count() or 1
+            env["VLLM_CPU_OMP_THREADS_BIND"] = tp_bind(
+                cpu_bind(index, launch.num_engines, os.cpu_count() or 1), k
             )
             env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
     env.update(launch.engine_env)
@@ -91,7 +119,8 @@ def gateway_argv(job: JobConfig, run_dir: Path, family: str) -> list[str]:
         "--host", launch.host, "--port", str(launch.port),
         "--token-file", str(run_dir / "tokens.txt"),
         "--port-file", str(run_dir / "gateway.port"),
-        "--family", family, "--dtype", job.engine_dtype, "--transport", "gloo",
+        "--family", family, "--dtype", job.engine_dtype,
+        "--transport", resolve_data_plane(job),
         "--backends", job.run.rollout.backend,
         "--max-workers", str(max(64, 8 * launch.num_engines + 16)),
         "--log-level", "WARNING",
@@ -107,7 +136,8 @@ def engine_argv(
     argv = [
         sys.executable, "-m", "rollout_engine", "--backend", rollout.backend,
         "--gateway", address, "--token-file", str(token_file), "--model", str(model),
-        "--dtype", job.engine_dtype, "--transports", "gloo", "--name", f"engine{index}",
+        "--dtype", job.engine_dtype, "--transports", resolve_data_plane(job),
+        "--name", f"engine{index}",
         "--log-level", "WARNING",
         "--max-concurrent-prompts", str(launch.max_concurrent_prompts),
     ]  # fmt: skip

@@ -99,7 +99,14 @@ class LaunchSection(_Section):
     host: str = "127.0.0.1"
     """Interface the gateway listens on."""
     data_plane_host: str = "127.0.0.1"
-    """Address engines reach the trainer's gloo rendezvous at (this host's, seen by them)."""
+    """Address engines reach the trainer's data-plane rendezvous at (this host's, as seen by
+    them)."""
+    data_plane: Literal["auto", "gloo", "nccl"] = "auto"
+    """Weight transport: auto is nccl when the accelerator is gpu and the engines are vLLM
+    (buckets move GPU to GPU, each TP rank receiving only its shard), else gloo (TCP)."""
+    tp_shards: bool = True
+    """Engines at TP > 1 receive only their own shard of each split tensor; False sends every
+    tensor whole to every TP rank (vLLM's loaders then take the shard)."""
     port: int = Field(default=0, ge=0, le=65535)
     """Gateway port; 0 picks a free one."""
     max_concurrent_prompts: int = Field(default=16, ge=1)

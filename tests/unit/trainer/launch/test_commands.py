@@ -6,7 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from trainer.launch.commands import cpu_bind, engine_argv, engine_env, gateway_argv, trainer_env
+from trainer.launch.commands import (
+    cpu_bind,
+    engine_argv,
+    engine_env,
+    gateway_argv,
+    resolve_data_plane,
+    tp_bind,
+    trainer_env,
+)
 from trainer.launch.job_config import load_job_config
 
 REPO = Path(__file__).resolve().parents[4]
@@ -69,3 +77,32 @@ def test_gateway_argv(tmp_path):
     assert argv[argv.index("--token-file") + 1] == str(tmp_path / "tokens.txt")
     assert argv[argv.index("--family") + 1] == "llama"
     assert argv[argv.index("--backends") + 1] == "jax"
+
+
+def test_cpu_vllm_tp_ranks_get_their_own_cores():
+    assert tp_bind("0-3", 2) == "0-1|2-3"
+    assert tp_bind("4-7", 4) == "4-4|5-5|6-6|7-7"
+    assert tp_bind("0-0", 2) == "0-0|0-0"  # fewer cores than ranks: they share
+    job = _job("launch.accelerator=cpu", "rollout.backend=vllm", "launch.devices_per_engine=2")
+    bind = engine_env(job, 0, {})["VLLM_CPU_OMP_THREADS_BIND"]
+    assert bind.count("|") == 1 and bind.startswith("0-")
+
+
+def test_data_plane_is_nccl_for_vllm_on_gpus_only(tmp_path):
+    cases = {
+        ("gpu", "vllm", "auto"): "nccl",
+        ("gpu", "jax", "auto"): "gloo",
+        ("cpu", "vllm", "auto"): "gloo",
+        ("gpu", "vllm", "gloo"): "gloo",
+        ("gpu", "vllm", "nccl"): "nccl",
+    }
+    for (acc, backend, dp), want in cases.items():
+        job = _job(f"launch.accelerator={acc}", f"rollout.backend={backend}",
+                   f"launch.data_plane={dp}")  # fmt: skip
+        assert resolve_data_plane(job) == want, (acc, backend, dp)
+        gw = gateway_argv(job, tmp_path, "llama")
+        eng = engine_argv(job, 0, "h:1", tmp_path / "t", tmp_path, 96)
+        assert gw[gw.index("--transport") + 1] == want
+        assert eng[eng.index("--transports") + 1] == want
+    with pytest.raises(ValueError, match="needs vLLM engines on GPUs; got accelerator cpu"):
+        resolve_data_plane(_job("launch.accelerator=cpu", "launch.data_plane=nccl"))
