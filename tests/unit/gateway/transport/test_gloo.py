@@ -150,6 +150,33 @@ def test_failed_load_aborts_commit_and_group_stays_usable(group):
     assert torch.equal(res[1][0]["embed.weight"], w["embed.weight"])
 
 
+def test_sharded_failed_load_aborts_commit_and_group_stays_usable(group):
+    """Two receivers as the TP ranks 0 and 1 of one engine, a sharded manifest: a failure in
+    rank 1's loader fails the version everywhere; the next version arrives, rank by rank."""
+    sender, receivers = group
+    w = _weights(9)
+    shards = {"embed.weight": "vocab", "layers.0.q.weight": "column", "head.weight": "vocab"}
+    m = _manifest(w, 9, 64 * 16 * 4).sharded_for(2, shards)
+    res = _run(
+        [lambda: sender.send(m, w.items()), lambda: _collect(receivers[0], m)]
+        + [lambda: _collect(receivers[1], m, fail_at=2)]
+    )
+    assert isinstance(res[0], TransferError) and "failed to load version 9" in str(res[0])
+    assert isinstance(res[1], TransferError) and "another receiver" in str(res[1])
+    assert isinstance(res[2], TransferError) and "load failed on purpose" in str(res[2])
+    m10 = _manifest(w, 10, 1 << 20).sharded_for(2, shards)
+    res = _run(
+        [lambda: sender.send(m10, w.items())] + [lambda r=r: _collect(r, m10) for r in receivers]
+    )
+    assert res[0].version == 10
+    (rank0, _), (rank1, _) = res[1], res[2]
+    assert torch.equal(rank0["layers.0.q.weight"], w["layers.0.q.weight"][:8])
+    assert torch.equal(rank1["layers.0.q.weight"], w["layers.0.q.weight"][8:])
+    assert torch.equal(rank1["layers.0.norm.weight"], w["layers.0.norm.weight"])
+    assert torch.equal(rank0["embed.weight"], w["embed.weight"][:32])  # vocab 64: 32 a rank
+    assert torch.equal(rank1["head.weight"], w["head.weight"][32:].float())
+
+
 def test_refuse_tells_the_sender(group):
     sender, receivers = group
     w = _weights(8)

@@ -82,6 +82,27 @@ def test_check_lists_every_problem():
     assert "b: dtype float32, expected bfloat16" in msg
 
 
+def test_sharded_manifest_round_trips_and_is_checked():
+    base = Manifest.of(4, [("q", (64, 16)), ("k", (16, 16)), ("norm", (16,))], "bfloat16", 1024)
+    m = base.sharded_for(2, {"q": "column", "k": "kv"}, num_kv_heads=1)
+    assert m.sharded and [t.shard for t in m.tensors] == ["column", "kv", "replicated"]
+    assert Manifest.from_json(m.to_json()) == m and m.to_json() != base.to_json()
+    assert m.region(0, 1) == (slice(32, 64), slice(0, 16))
+    assert m.region(1, 1) == (slice(0, 16), slice(0, 16))  # one KV head: both ranks hold it
+    assert base.region(0, 1) == (slice(0, 64), slice(0, 16))
+    expected = {t.name: (t.shape, t.dtype) for t in m.tensors}
+    check_manifest(m, expected, tp_size=2)
+    with pytest.raises(ManifestError, match="sharded for tp_size 2, the engine runs 4"):
+        check_manifest(m, expected, tp_size=4)
+    check_manifest(base, expected, tp_size=4)  # whole tensors fit any TP degree
+    with pytest.raises(ManifestError, match=r"'q' \[64, 16\] cannot be split 'column' over"):
+        base.sharded_for(3, {"q": "column"})
+    with pytest.raises(ManifestError, match=r"shard kinds for tensors the manifest lacks: \['x'\]"):
+        base.sharded_for(2, {"x": "row"})
+    with pytest.raises(ManifestError, match="shard 'diagonal' is not one of"):
+        TensorSpec("a", (4,), "float32", "diagonal")  # type: ignore[arg-type]
+
+
 def test_transport_modules_import_without_torch():
     code = (
         "import sys, gateway.transport.factory, gateway.transport.gloo, gateway.transport.file, "
