@@ -165,6 +165,29 @@ def write_region(dst: torch.Tensor, array: Any, region: Region) -> None:
     dst.copy_(as_torch(array)[region])
 
 
+def next_tensor(it: Iterator[tuple[str, Any]], manifest: Manifest, i: int) -> Any:
+    """The next (name, array) of a sender's stream, checked to be tensor `i` of `manifest`.
+
+    Returns:
+        The array (any type `write_region` takes).
+
+    Raises:
+        ManifestError: the stream ended, or the name or shape differs from the manifest's.
+    """
+    spec = manifest.tensors[i]
+    try:
+        name, arr = next(it)
+    except StopIteration:
+        raise ManifestError(
+            f"tensors ran out at {spec.name!r} ({i} of {len(manifest.tensors)})"
+        ) from None
+    if name != spec.name:
+        raise ManifestError(f"tensor {i}: got {name!r}, manifest says {spec.name!r}")
+    if tuple(arr.shape) != spec.shape:
+        raise ManifestError(f"{name}: shape {list(arr.shape)}, manifest says {list(spec.shape)}")
+    return arr
+
+
 def iter_packed(
     manifest: Manifest, tensors: Iterable[tuple[str, Any]], device: str = "cpu"
 ) -> Iterator[torch.Tensor]:
@@ -185,18 +208,7 @@ def iter_packed(
         buf = torch.empty(total, dtype=torch.uint8, device=device)
         for i, off in zip(bucket, offsets, strict=True):
             spec = manifest.tensors[i]
-            try:
-                name, arr = next(it)
-            except StopIteration:
-                raise ManifestError(
-                    f"tensors ran out at {spec.name!r} ({i} of {len(manifest.tensors)})"
-                ) from None
-            if name != spec.name:
-                raise ManifestError(f"tensor {i}: got {name!r}, manifest says {spec.name!r}")
-            if tuple(arr.shape) != spec.shape:
-                raise ManifestError(
-                    f"{name}: shape {list(arr.shape)}, manifest says {list(spec.shape)}"
-                )
+            arr = next_tensor(it, manifest, i)
             dst = buf[off : off + spec.nbytes].view(getattr(torch, spec.dtype)).view(spec.shape)
             write_region(dst, arr, tuple(slice(0, d) for d in spec.shape))
         yield buf

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gateway.transport.base import Bucket, write_region
+from gateway.transport.base import Bucket, next_tensor, write_region
 from gateway.transport.manifest import (
     DTYPE_BYTES,
     Manifest,
@@ -135,18 +135,7 @@ def iter_packed_sharded(
         where = {i: (rep, off, region) for i, off, region in rep_layout[0]}
         for i in bucket:
             spec = manifest.tensors[i]
-            try:
-                name, arr = next(it)
-            except StopIteration:
-                raise ManifestError(
-                    f"tensors ran out at {spec.name!r} ({i} of {len(manifest.tensors)})"
-                ) from None
-            if name != spec.name:
-                raise ManifestError(f"tensor {i}: got {name!r}, manifest says {spec.name!r}")
-            if tuple(arr.shape) != spec.shape:
-                raise ManifestError(
-                    f"{name}: shape {list(arr.shape)}, manifest says {list(spec.shape)}"
-                )
+            arr = next_tensor(it, manifest, i)
             if i in where:
                 buf, off, region = where[i]
                 write_region(_view(buf, off, spec.dtype, _shape(region)), arr, region)
