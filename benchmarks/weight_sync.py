@@ -9,26 +9,40 @@ model's fp32 JAX params and pushing them with `trainer.publish.WeightPublisher` 
 prefix-cache reset). The engine serves a prompt before the pushes, and one at the last
 version after them (its rollout must be stamped with that version).
 
-Models: `smollm2` (the real SmolLM2-135M-Instruct, `trainer.checkpoints.smollm2`) and `0.5b`
-(a random llama of 0.47B params written by `make_tiny_checkpoint`: D 1024, F 4096, 24 layers,
-16 heads, 4 KV heads, V 49,152, untied). For each bucket size a fresh publisher (a new gloo
-group) makes one warm-up push (group formation, first casts) and `--repeats` timed pushes.
+Models: `smollm2` (the real SmolLM2-135M-Instruct, `trainer.checkpoints.smollm2`; 9 heads, 3
+KV heads: TP 1 or 3 only), `0.5b` (a random llama of 0.47B params written by
+`make_tiny_checkpoint`: D 1024, F 4096, 24 layers, 16 heads, 4 KV heads, V 49,152, untied) and
+`0.1b` (a random llama of 0.096B params: D 512, F 2048, 16 layers, 8 heads, 2 KV heads, V 32,768,
+untied; TP 2 fits the 2 cores). The engine runs at TP `--tp` (`--vllm-tensor-parallel-size`; on
+CPU each TP worker is bound to its own core, `VLLM_CPU_OMP_THREADS_BIND` "0|1" for TP 2). For
+each `--tp-shards` value (`GlooTransportConfig.tp_shards`: "on" sends each TP rank only its own
+shard of each tensor-parallel tensor, "off" every tensor whole to every rank; at TP 1 both are
+the same, so only one runs) and each bucket size, a fresh publisher (a new gloo group) makes one
+warm-up push (group formation, first casts) and `--repeats` timed pushes. `rank_bytes` is what
+each engine TP rank received per push (payload bytes, from the manifest: the whole tensor, or
+its `Manifest.region` for a sharded one), `push_gb_per_s` is the model's bytes over the push.
 Reference: right after each timed push, the median GB/s of 3 copies of the same number of bytes
-between two preallocated torch buffers; `ratio_vs_memcpy` is the median over the pushes of push
-GB/s / that memcpy GB/s (measured back to back, as the 2 shared cores' load changes).
+(the model's bytes in the wire dtype) between two preallocated torch buffers; `ratio_vs_memcpy`
+is the median over the pushes of push GB/s / that memcpy GB/s (measured back to back, as the 2
+shared cores' load changes).
 
-Memory: before each timed push the peak-RSS counter (VmHWM) of this process and of every
-process of the engine's tree (the CLI process, vLLM's EngineCore and, on CPU, its Worker, which
-holds the model and the receiver) is reset (`/proc/PID/clear_refs` = 5, Linux >= 4.0); after
-it, extra = VmHWM - VmRSS before. Engine extra is reported per process (max over pushes) and
-summed over the tree (an upper bound: the peaks need not coincide).
+Memory: before each push the peak-RSS counter (VmHWM) of this process and of every process of
+the engine's tree (the CLI process, vLLM's EngineCore and, on CPU, its Workers, which hold the
+model and the receivers) is reset (`/proc/PID/clear_refs` = 5, Linux >= 4.0); after it, extra =
+VmHWM - VmRSS before. Engine extra is reported per process (max over the timed pushes) and
+summed over the tree (an upper bound: the peaks need not coincide); `first_push_*` is the same
+for the warm-up push. Memory that a push frees stays in the process's allocator (glibc in this
+process, tcmalloc in vLLM's workers) and is reused by the next push without raising RSS, so a
+later push, or a later bucket size on the same engine, shows less than it uses: with
+`--fresh-engine` each (tp_shards, bucket size) gets a new engine, and its `first_push_*` figure
+is what that bucket size costs an engine that never pushed before.
 
-Usage: python benchmarks/weight_sync.py [--models smollm2,0.5b] [--bucket-mb 256,64,16]
-    [--repeats 2] [--dtype bfloat16]
+Usage: python benchmarks/weight_sync.py [--models smollm2,0.5b,0.1b] [--bucket-mb 256,64,16]
+    [--repeats 2] [--dtype bfloat16] [--tp 1] [--tp-shards on,off] [--fresh-engine]
 Prints one line per push, then one JSON object on the last line: its top-level figures are the
-first model at the first bucket size (256 MiB, the transport's default bucket), `models` holds
-every model and bucket size (push seconds and GB/s are medians of the timed pushes, peak extra
-MB the maximum over them).
+first model at the first `--tp-shards` value and the first bucket size (256 MiB, the transport's
+default bucket), `models` holds every model, `--tp-shards` value and bucket size (push seconds
+and GB/s are medians of the timed pushes, peak extra MB the maximum over them).
 """
 
 from __future__ import annotations
@@ -43,6 +57,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -52,6 +67,7 @@ from gateway import messages as m
 from gateway.auth import write_tokens
 from gateway.client import GatewayClient
 from gateway.transport.config import GlooTransportConfig
+from gateway.transport.manifest import DTYPE_BYTES, Manifest
 from trainer.checkpoints.hf_io import load_hf_checkpoint
 from trainer.checkpoints.smollm2 import ensure_smollm2
 from trainer.checkpoints.tiny import make_tiny_checkpoint
@@ -74,7 +90,19 @@ LLAMA_05B = dict(
     head_dim=64,
     tie_word_embeddings=False,
 )
-#: Prompt token ids, below both models' vocabulary (49,152).
+#: make_tiny_checkpoint overrides of the ~0.1B random llama (0.096B params) that splits over TP 2.
+LLAMA_01B = dict(
+    vocab_size=32768,
+    hidden_size=512,
+    intermediate_size=2048,
+    num_hidden_layers=16,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=64,
+    tie_word_embeddings=False,
+)
+RANDOM_MODELS: dict[str, dict[str, Any]] = {"0.5b": LLAMA_05B, "0.1b": LLAMA_01B}
+#: Prompt token ids, below every model's vocabulary (32,768).
 PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173]
 
 
@@ -116,7 +144,7 @@ def _wait_for(what: str, check, timeout_s: float, procs: list[subprocess.Popen],
         value = check()
         if value:
             return value
-        dead = [p.args[2] for p in procs if p.poll() is not None]
+        dead = [p.args[2] for p in procs if p.poll() is not None]  # type: ignore[index]
         if dead or time.monotonic() > end:
             tail = log.read_text()[-3000:] if log.exists() else ""
             raise RuntimeError(f"{what} did not happen (exited: {dead}):\n{tail}")
@@ -124,9 +152,11 @@ def _wait_for(what: str, check, timeout_s: float, procs: list[subprocess.Popen],
 
 
 @contextlib.contextmanager
-def engine_stack(workdir: Path, model_dir: Path, family: str, dtype: str, max_model_len: int):
-    """A gateway process and one vLLM engine process on `model_dir`; yields (trainer client,
-    engine process). Both processes are shut down (killed if need be) on exit."""
+def engine_stack(
+    workdir: Path, model_dir: Path, family: str, dtype: str, max_model_len: int, tp: int = 1
+):
+    """A gateway process and one vLLM engine process at TP `tp` on `model_dir`; yields (trainer
+    client, engine process). Both processes are shut down (killed if need be) on exit."""
     tokens = workdir / "tokens.txt"
     write_tokens(tokens)
     port_file, gw_log, engine_log = workdir / "port", workdir / "gw.log", workdir / "engine.log"
@@ -147,11 +177,15 @@ def engine_stack(workdir: Path, model_dir: Path, family: str, dtype: str, max_mo
         args = ["--backend", "vllm", "--gateway", address, "--token-file", str(tokens)]
         args += ["--model", str(model_dir), "--dtype", dtype, "--name", "bench"]
         args += ["--vllm-max-model-len", str(max_model_len), "--log-level", "WARNING"]
+        args += ["--vllm-tensor-parallel-size", str(tp)]
+        env = {**os.environ, **CPU_ENV}
+        if tp > 1:  # one core per TP worker
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i) for i in range(tp))
         with open(engine_log, "w") as out:
             procs.append(
                 subprocess.Popen(
                     [sys.executable, "-m", "rollout_engine", *args],
-                    env={**os.environ, **CPU_ENV},
+                    env=env,
                     stdout=out,
                     stderr=subprocess.STDOUT,
                 )
@@ -210,18 +244,64 @@ def memcpy_gb_per_s(num_bytes: int, repeats: int = 3) -> float:
     return num_bytes / statistics.median(times) / 1e9
 
 
+def rank_bytes(manifest: Manifest, tp: int) -> list[int]:
+    """Payload bytes each of an engine's `tp` ranks receives for one version of `manifest`
+    (alignment padding excluded): every tensor whole, or, for a sharded manifest, each
+    tensor's `Manifest.region` for that rank (replicated tensors whole)."""
+    if not manifest.sharded:
+        return [manifest.total_bytes] * tp
+    out = []
+    for r in range(tp):
+        n = 0
+        for i, t in enumerate(manifest.tensors):
+            extents = [s.stop - s.start for s in manifest.region(i, r)]
+            n += int(np.prod(extents)) * DTYPE_BYTES[t.dtype]
+        out.append(n)
+    return out
+
+
 def bench_model(label: str, model_dir: Path, args: argparse.Namespace) -> dict:
-    """Every bucket size's pushes of `model_dir` into one running engine (see the docstring)."""
+    """Every `--tp-shards` value and bucket size's pushes of `model_dir` into an engine at TP
+    `args.tp`: one engine for all of them, or with `--fresh-engine` a new one for each (see
+    the docstring)."""
     cfg, decoder = load_hf_checkpoint(model_dir, dtype="float32")
     params = flat_params(decoder)
     num_params = sum(int(np.prod(v.shape)) for v in params.values())
-    rows, version = [], 0
+    shard_modes = args.tp_shards if args.tp > 1 else args.tp_shards[:1]
+    combos = [(s, mb) for s in shard_modes for mb in args.bucket_mb]
+    rows: list = []
+    first: dict = {}
+    for group in [[c] for c in combos] if args.fresh_engine else [combos]:
+        _bench_engine(label, model_dir, cfg, params, args, group, rows, first)
+    per_bucket = [
+        _summary(mb, shards, args.tp, [r for r in rows if r[0] == (shards, mb)], first[shards, mb])
+        for shards, mb in combos
+    ]
+    return {"params": num_params, "bytes": rows[0][1].num_bytes, "per_bucket": per_bucket}
+
+
+def _bench_engine(
+    label: str,
+    model_dir: Path,
+    cfg: Any,
+    params: dict,
+    args: argparse.Namespace,
+    combos: list[tuple[bool, int]],
+    rows: list,
+    first: dict,
+) -> None:
+    """Start one engine and run each (tp_shards, bucket MiB) of `combos` on it: a warm-up push
+    (its peak extra MB by process go to `first[combo]`) and `args.repeats` timed pushes (rows
+    of (combo, PushStats, peak extra MB by process, memcpy GB/s, payload bytes per TP rank)
+    appended to `rows`)."""
+    num_params = sum(int(np.prod(v.shape)) for v in params.values())
+    version = 0
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        stack = engine_stack(Path(tmp), model_dir, cfg.family, args.dtype, 256)
+        stack = engine_stack(Path(tmp), model_dir, cfg.family, args.dtype, 256, args.tp)
         with stack as (trainer, engine):
             print(
-                f"{label}: {num_params / 1e6:.1f} M params; engine up in "
+                f"{label}: {num_params / 1e6:.1f} M params; engine (TP {args.tp}) up in "
                 f"{time.perf_counter() - t0:.0f} s"
             )
             serve_one(trainer, f"{label}-before", 0)
@@ -229,30 +309,35 @@ def bench_model(label: str, model_dir: Path, args: argparse.Namespace) -> dict:
             tree = [root, *root.children(recursive=True)]
             pids = {"trainer": os.getpid()}
             pids |= {f"engine:{p.pid}:{_name(p)}": p.pid for p in tree}
-            for mb in args.bucket_mb:
-                transport = GlooTransportConfig(port=0, timeout_s=300, bucket_bytes=mb << 20)
+            for shards, mb in combos:
+                transport = GlooTransportConfig(
+                    port=0, timeout_s=300, bucket_bytes=mb << 20, tp_shards=shards
+                )
                 publisher = WeightPublisher(trainer, transport, cfg.family, cfg, args.dtype)
                 try:
                     for r in range(args.repeats + 1):
                         version += 1
                         with PeakRss(pids) as peak:
                             stats = publisher.push(params, version)
+                        per_rank = rank_bytes(publisher.manifest(version, stats.tp_size), args.tp)
                         tag = "warm-up" if r == 0 else "timed"
                         print(
-                            f"  bucket {mb} MB v{version} ({tag}): {stats.seconds:.3f} s "
-                            f"(ready {stats.ready_s:.3f}, send {stats.send_s:.3f}, loaded "
+                            f"  TP {args.tp} shards {'on' if shards else 'off'} bucket {mb} MB "
+                            f"v{version} ({tag}): {stats.seconds:.3f} s (ready "
+                            f"{stats.ready_s:.3f}, send {stats.send_s:.3f}, loaded "
                             f"{stats.loaded_s:.3f}), {stats.gb_per_s:.3f} GB/s, "
-                            f"{stats.num_buckets} buckets; peak extra MB "
+                            f"{stats.num_buckets} buckets, rank MB "
+                            f"{[round(b / 1e6, 1) for b in per_rank]}; peak extra MB "
                             f"{ {k: round(v) for k, v in peak.extra_mb.items()} }"
                         )
-                        if r > 0:
+                        if r == 0:
+                            first[shards, mb] = peak.extra_mb
+                        else:
                             memcpy = memcpy_gb_per_s(stats.num_bytes)
-                            rows.append((mb, stats, peak.extra_mb, memcpy))
+                            rows.append(((shards, mb), stats, peak.extra_mb, memcpy, per_rank))
                 finally:
                     publisher.close()
             serve_one(trainer, f"{label}-after", version)
-    per_bucket = [_summary(mb, [r for r in rows if r[0] == mb]) for mb in args.bucket_mb]
-    return {"params": num_params, "bytes": rows[0][1].num_bytes, "per_bucket": per_bucket}
 
 
 def _name(p: psutil.Process) -> str:
@@ -260,41 +345,66 @@ def _name(p: psutil.Process) -> str:
     return "cli" if "rollout_engine" in cmd else p.name()
 
 
-def _summary(mb: int, rows: list) -> dict:
-    """One bucket size's figures from its timed pushes (bucket MiB, PushStats, peak extra MB by
-    process, memcpy GB/s measured right after the push)."""
-    secs = statistics.median(s.seconds for _, s, _, _ in rows)
-    send = statistics.median(s.send_s for _, s, _, _ in rows)
+def _summary(mb: int, shards: bool, tp: int, rows: list, first: dict[str, float]) -> dict:
+    """One (tp_shards, bucket size)'s figures from its timed pushes (rows of ((tp_shards,
+    bucket MiB), PushStats, peak extra MB by process, memcpy GB/s measured right after the
+    push, payload bytes per TP rank)) and its warm-up push's peak extra MB by process."""
+    secs = statistics.median(s.seconds for _, s, _, _, _ in rows)
+    send = statistics.median(s.send_s for _, s, _, _, _ in rows)
     num_bytes = rows[0][1].num_bytes
-    ratio = statistics.median(s.gb_per_s / c for _, s, _, c in rows)
-    extra = {k: max(e[k] for _, _, e, _ in rows) for k in rows[0][2]}
+    ratio = statistics.median(s.gb_per_s / c for _, s, _, c, _ in rows)
+    extra = {k: max(e[k] for _, _, e, _, _ in rows) for k in rows[0][2]}
     engine = {k: v for k, v in extra.items() if k.startswith("engine")}
     return {
+        "tp": tp,
+        "tp_shards": shards,
+        "sharded": rows[0][1].tp_size > 1,
         "bucket_mb": mb,
         "buckets": rows[0][1].num_buckets,
+        "rank_bytes": rows[0][4],
         "push_s": round(secs, 3),
         "push_gb_per_s": round(num_bytes / secs / 1e9, 3),
         "send_gb_per_s": round(num_bytes / send / 1e9, 3),
-        "memcpy_gb_per_s": round(statistics.median(c for _, _, _, c in rows), 3),
+        "memcpy_gb_per_s": round(statistics.median(c for _, _, _, c, _ in rows), 3),
         "ratio_vs_memcpy": round(ratio, 4),
         "trainer_peak_extra_mb": round(extra["trainer"], 1),
         "engine_peak_extra_mb": {k: round(v, 1) for k, v in engine.items()},
         "engine_tree_peak_extra_mb": round(sum(engine.values()), 1),
+        "first_push_trainer_extra_mb": round(first["trainer"], 1),
+        "first_push_engine_tree_extra_mb": round(
+            sum(v for k, v in first.items() if k.startswith("engine")), 1
+        ),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--models", default="smollm2", help="comma-separated: smollm2, 0.5b")
+    parser.add_argument("--models", default="smollm2", help="comma-separated: smollm2, 0.5b, 0.1b")
     parser.add_argument("--bucket-mb", default="256,64,16", help="comma-separated bucket MiB")
     parser.add_argument("--repeats", type=int, default=2, help="timed pushes per bucket size")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    parser.add_argument("--tp", type=int, default=1, help="engine tensor-parallel size")
+    parser.add_argument(
+        "--fresh-engine",
+        action="store_true",
+        help="a new engine for each --tp-shards value and bucket size (memory not hidden by "
+        "what an earlier bucket size left in the allocators)",
+    )
+    parser.add_argument(
+        "--tp-shards", default="on", help="comma-separated on/off: GlooTransportConfig.tp_shards"
+    )
     args = parser.parse_args()
     args.bucket_mb = [int(x) for x in args.bucket_mb.split(",")]
+    modes = [x for x in args.tp_shards.split(",") if x]
+    if not modes or set(modes) - {"on", "off"}:
+        parser.error(f"--tp-shards takes on and/or off (got {args.tp_shards!r})")
+    args.tp_shards = [x == "on" for x in modes]
     models = [x for x in args.models.split(",") if x]
-    unknown = set(models) - {"smollm2", "0.5b"}
-    if unknown or not models or args.repeats < 1:
-        parser.error(f"--models takes smollm2 and/or 0.5b (got {models}); --repeats >= 1")
+    unknown = set(models) - {"smollm2", *RANDOM_MODELS}
+    if unknown or not models or args.repeats < 1 or args.tp < 1:
+        parser.error(
+            f"--models takes smollm2, 0.5b, 0.1b (got {models}); --repeats >= 1; --tp >= 1"
+        )
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in models:
@@ -302,7 +412,7 @@ def main() -> None:
                 path = ensure_smollm2()
             else:
                 path = make_tiny_checkpoint(
-                    Path(tmp) / "llama05b", "llama", dtype="bfloat16", **LLAMA_05B
+                    Path(tmp) / f"llama{name}", "llama", dtype="bfloat16", **RANDOM_MODELS[name]
                 )
             results[name] = bench_model(name, path, args)
     first = results[models[0]]["per_bucket"][0]

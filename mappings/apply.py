@@ -56,6 +56,7 @@ def params_to_engine(
     jax_dims: Mapping[str, int] | None = None,
     cast: Callable[[Any], Any] | None = None,
     host: bool = True,
+    contiguous: bool = True,
 ) -> Iterator[tuple[str, Any]]:
     """Yields (HF tensor name, array) for every tensor an engine (or HF folder) holds.
 
@@ -66,6 +67,9 @@ def params_to_engine(
             layout change so that it touches each element once.
         host: True yields numpy arrays (`np.asarray` of each param); False keeps JAX arrays
             as they are (on their devices, FSDP shards kept) and yields JAX arrays.
+        contiguous: True yields C-contiguous numpy arrays; False yields views of each param's
+            buffer in the HF layout wherever numpy can (strided, no copy: `jax_to_hf`), for a
+            consumer that copies them anyway.
 
     Raises:
         MappingError: a param the mapping expects that `params` lacks, or params the
@@ -85,4 +89,4 @@ def params_to_engine(
         array = np.asarray(params[rule.jax]) if host else params[rule.jax]
         if cast is not None:
             array = cast(array)
-        yield rule.hf, jax_to_hf(rule, array, hf_dims, jdims)
+        yield rule.hf, jax_to_hf(rule, array, hf_dims, jdims, contiguous)

@@ -50,12 +50,19 @@ def hf_to_jax(
 
 
 def jax_to_hf(
-    rule: ConcreteRule, param: np.ndarray, hf_dims: Mapping[str, int], jax_dims: Mapping[str, int]
+    rule: ConcreteRule,
+    param: np.ndarray,
+    hf_dims: Mapping[str, int],
+    jax_dims: Mapping[str, int],
+    contiguous: bool = True,
 ) -> np.ndarray:
     """Turns the JAX param of `rule` into the HF / engine tensor layout (inverse of hf_to_jax).
 
-    A numpy param gives a C-contiguous numpy array; a JAX array gives a JAX array (sharded
-    as XLA places the result: a transpose keeps the FSDP split, on another dim).
+    A numpy param gives a C-contiguous numpy array, or with `contiguous=False` a view of the
+    param's buffer wherever numpy can express the layout change as one (a transpose, a slice
+    of the padding: strided, no copy; numpy copies only a reshape that no strides express).
+    A JAX array gives a JAX array (sharded as XLA places the result: a transpose keeps the
+    FSDP split, on another dim).
 
     Raises:
         MappingError: the param's shape is not `rule.jax_shape` (names the param).
@@ -70,7 +77,7 @@ def jax_to_hf(
     hf_syms, _ = _split(rule.rule.hf_axes, hf_dims)
     jax_syms, jax_sizes = _split(rule.rule.jax_axes, hf_dims)
     x = x.reshape(jax_sizes).transpose([jax_syms.index(s) for s in hf_syms])
-    if not isinstance(x, np.ndarray):  # a JAX array: the same ops, lazily, shards kept
+    if not isinstance(x, np.ndarray) or not contiguous:  # JAX: the same ops, shards kept
         return x.reshape(rule.hf_shape)
     return np.ascontiguousarray(x.reshape(rule.hf_shape))
 

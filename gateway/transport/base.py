@@ -113,8 +113,9 @@ def as_torch(x: Any) -> torch.Tensor:
     """A torch view of `x` without a copy where the platform allows.
 
     Args:
-        x: a torch tensor, a numpy array (ml_dtypes bfloat16 included) or any object with
-            `__dlpack__` (a JAX array).
+        x: a torch tensor, a numpy array (ml_dtypes bfloat16 included; strided views are
+            kept strided: a transposed view becomes a transposed torch view, and the copy that
+            packs it does the transpose) or any object with `__dlpack__` (a JAX array).
 
     Returns:
         A CPU or device torch tensor sharing memory with `x` where possible.
@@ -125,7 +126,8 @@ def as_torch(x: Any) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x
     if isinstance(x, np.ndarray):
-        x = np.ascontiguousarray(x)
+        if any(s < 0 or s % x.itemsize for s in x.strides):  # torch takes neither
+            x = np.ascontiguousarray(x)
         with warnings.catch_warnings():
             # JAX hands out read-only buffers; the data plane only reads them, never writes.
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")

@@ -153,13 +153,16 @@ def _check_greedy(groups, prefix: str, refs, version: int, forced_eos: bool) -> 
         assert (c.version_start, c.version_end) == (version, version)
 
 
-def _push_b(trainer, models, family: str = "llama"):
-    transport = GlooTransportConfig(port=0, timeout_s=120, bucket_bytes=64 * 1024)
+def _push_b(trainer, models, family: str = "llama", version: int = 1, tp_shards: bool = True):
+    """Push `models["decoder_b"]` as `version` through a fresh publisher (a new gloo group)."""
+    transport = GlooTransportConfig(
+        port=0, timeout_s=120, bucket_bytes=64 * 1024, tp_shards=tp_shards
+    )
     publisher = WeightPublisher(trainer, transport, family, models["cfg_b"], "float32")
-    stats = publisher.push(models["decoder_b"], version=1)
+    stats = publisher.push(models["decoder_b"], version=version)
     print(f"push: {stats.num_bytes} B in {stats.seconds:.3f} s ({stats.gb_per_s:.3f} GB/s; "
           f"send {stats.send_s:.3f} s, {stats.send_gb_per_s:.3f} GB/s)")  # fmt: skip
-    assert stats.version == 1 and stats.num_buckets > 1
+    assert stats.version == version and stats.num_buckets > 1
     publisher.close()
     return stats
 
@@ -218,25 +221,29 @@ def test_jax_engine_sampled_logprobs_match_after_a_push(tmp_path, models):
 @pytest.fixture(scope="module")
 def qwen2_models(tiny_checkpoint):
     """Tiny qwen2 A and B (2 query heads, 1 KV head: at TP 2 the KV head is replicated on both
-    ranks), B's JAX model split FSDP over 4 devices (each TP rank's shards gather from 2)."""
+    ranks), B's JAX model split FSDP over 4 devices (each TP rank's shards gather from 2), and
+    A's JAX model on one device (pushed back whole)."""
     from trainer.sharding import make_mesh
 
     a, b = tiny_checkpoint("qwen2", seed=21), tiny_checkpoint("qwen2", seed=22)
     hf_a, hf_b = H.hf_model(a), H.hf_model(b)
     mesh = make_mesh(fsdp=4, devices=jax.devices()[:4])
     cfg_b, decoder_b = load_hf_checkpoint(b, dtype="float32", mesh=mesh, min_shard_bytes=0)
+    cfg_a, decoder_a = load_hf_checkpoint(a, dtype="float32")
     assert cfg_b.num_kv_heads == 1
     assert decoder_b.layers[0].attn.q.kernel[...].sharding.spec != jax.sharding.PartitionSpec()
     ref_a = [H.hf_greedy(hf_a, p, N_GREEDY) for p in PROMPTS]
     ref_b = [H.hf_greedy(hf_b, p, N_GREEDY) for p in PROMPTS]
     assert ref_a != ref_b
-    return {"A": a, "B": b, "cfg_b": cfg_b, "decoder_b": decoder_b, "ref_a": ref_a, "ref_b": ref_b}
+    return {"A": a, "B": b, "cfg_b": cfg_b, "decoder_b": decoder_b, "ref_a": ref_a, "ref_b": ref_b,
+            "cfg_a": cfg_a, "decoder_a": decoder_a}  # fmt: skip
 
 
 def test_vllm_tp2_engine_receives_only_its_shards_from_fsdp_params(tmp_path, qwen2_models):
     """vLLM at TP 2 (one worker process per rank, a core each); the trainer's params are FSDP
     over 4 devices and the manifest is sharded: each rank gets only its own shard (the KV head
-    replicated), and the engine then serves B exactly."""
+    replicated), and the engine then serves B exactly; then A goes back as version 2 with whole
+    tensors to both ranks (`tp_shards` off) and the engine serves A again."""
     args = ["--backend", "vllm", "--vllm-max-model-len", "128", "--vllm-tensor-parallel-size", "2"]
     env = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
     models = qwen2_models
@@ -247,3 +254,7 @@ def test_vllm_tp2_engine_receives_only_its_shards_from_fsdp_params(tmp_path, qwe
         assert stats.tp_size == 2
         _check_greedy(_submit(trainer, _greedy("b", 1)), "b", models["ref_b"], 1, False)
         _check_sampled_logprobs(trainer, models["decoder_b"], False)
+        back = {"cfg_b": models["cfg_a"], "decoder_b": models["decoder_a"]}
+        stats = _push_b(trainer, back, "qwen2", version=2, tp_shards=False)
+        assert stats.tp_size == 1
+        _check_greedy(_submit(trainer, _greedy("a2-", 2)), "a2-", models["ref_a"], 2, False)
