@@ -72,6 +72,8 @@ class JaxOptions(BaseModel):
     max_model_len: int = Field(default=2048, ge=2)
     prefill_batch: int = Field(default=8, ge=1)
     steps_per_call: int = Field(default=64, ge=1)
+    kv_bucket: int = Field(default=128, ge=0)
+    """Smallest decode attention bound in cache slots (0: attend to every slot)."""
     replicas: int = Field(default=1, ge=1)
     devices_per_replica: int = Field(default=1, ge=1)
     temperature: float = Field(default=1.0, ge=0)

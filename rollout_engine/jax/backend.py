@@ -49,7 +49,7 @@ class JaxBackendConfig:
     Attributes:
         model: HF checkpoint folder. dtype: compute and param dtype ("float32", "bfloat16").
         num_slots: samples decoded together per replica. max_model_len: positions per slot.
-        prefill_batch, steps_per_call: see ``BatcherConfig``.
+        prefill_batch, steps_per_call, kv_bucket: see ``BatcherConfig``.
         replicas, devices_per_replica: see ``EngineConfig``.
         temperature, top_k, top_p: the sampling every request must ask for (top_k <= 0 and
             top_p >= 1 are off).
@@ -63,6 +63,7 @@ class JaxBackendConfig:
     max_model_len: int = 2048
     prefill_batch: int = 8
     steps_per_call: int = 64
+    kv_bucket: int = 128
     replicas: int = 1
     devices_per_replica: int = 1
     temperature: float = 1.0
@@ -114,6 +115,7 @@ class JaxBackend(RolloutBackend):
                 prefill_batch=c.prefill_batch,
                 steps_per_call=c.steps_per_call,
                 seed=c.seed,
+                kv_bucket=c.kv_bucket,
             ),
             JaxSampling(temperature=c.temperature, top_k=max(c.top_k, 0), top_p=c.top_p),
             StopConfig(eos_ids=eos, pad_id=eos[0]),

@@ -45,6 +45,11 @@ class BatcherConfig:
         steps_per_call: most decode steps between two safe points.
         min_prompt_bucket: smallest prompt length bucket.
         seed: base seed of the sample keys.
+        kv_bucket: smallest attention bound in cache slots. Each decode call attends only
+            to slots [0, kv_len), kv_len the smallest ``kv_bucket * 2**k`` that holds every
+            running slot's position plus ``steps_per_call`` (capped at ``max_len``), so a step
+            reads the KV the batch has used, not all S slots (one compiled loop per bound);
+            0 always attends to all ``max_len`` slots.
     """
 
     num_slots: int = 8
@@ -53,6 +58,13 @@ class BatcherConfig:
     steps_per_call: int = 64
     min_prompt_bucket: int = 16
     seed: int = 0
+    kv_bucket: int = 128
+
+    def __post_init__(self) -> None:
+        if self.kv_bucket < 0:
+            raise ValueError(
+                f"kv_bucket must be >= 0 (0 turns the bound off), got {self.kv_bucket}"
+            )
 
 
 @dataclasses.dataclass
@@ -213,9 +225,23 @@ class ContinuousBatcher:
         self._fill()
         if self.in_flight == 0:
             return []
-        self.state, steps = self._loop(self.params, self.state, jnp.int32(self.cfg.steps_per_call))
+        max_steps = jnp.int32(self.cfg.steps_per_call)
+        kv_len = self.kv_len()
+        self.state, steps = self._loop(self.params, self.state, max_steps, kv_len=kv_len)
         self.decode_steps += int(steps)
         return self._collect()
+
+    def kv_len(self) -> int | None:
+        """The attention bound of the next decode call (see ``BatcherConfig.kv_bucket``), or
+        None for all ``max_len`` slots. Reads the slots' positions ([B] int32) to the host."""
+        bucket, cap = self.cfg.kv_bucket, self.cfg.max_len
+        live = [i for i, s in enumerate(self._slots) if s is not None]
+        if bucket <= 0 or not live:
+            return None
+        need = int(np.asarray(self.state.pos)[live].max()) + self.cfg.steps_per_call
+        while bucket < need and bucket < cap:
+            bucket *= 2
+        return None if bucket >= cap else bucket
 
     def run_until_idle(self) -> list[SampleResult]:
         """Step until every queued and in-flight sample is done; returns them all."""

@@ -32,7 +32,11 @@ def step_keys(key_data: jax.Array, index: jax.Array) -> jax.Array:
 
 
 def decode_step(
-    model: nnx.Module, state: SlotState, sampling: SamplingConfig, stops: StopConfig
+    model: nnx.Module,
+    state: SlotState,
+    sampling: SamplingConfig,
+    stops: StopConfig,
+    kv_len: int | None = None,
 ) -> SlotState:
     """Feed each slot's last token, sample the next one, apply the stop rules, write it out.
 
@@ -42,6 +46,8 @@ def decode_step(
     Args:
         model: a ``trainer.models.decoder.Decoder`` (``model(tokens, positions, cache)``).
         state: the slot state; sampling, stops: static settings.
+        kv_len: static bound of the attention to cache slots [0, kv_len) (every running
+            slot's position must be below it), or None for all S slots.
 
     Returns:
         The next state.
@@ -51,7 +57,7 @@ def decode_step(
         # Idle slots feed token 0: a forced stop id outside the vocabulary would embed as NaN,
         # land in the slot's KV cache and poison its next sample (0 · NaN in attention).
         feed = jnp.where(running, state.last, 0)[:, None]  # [B, 1]
-        logits, cache = model(feed, state.pos[:, None], state.cache)  # [B, 1, V]
+        logits, cache = model(feed, state.pos[:, None], state.cache, kv_len)  # [B, 1, V]
     with jax.named_scope("sample"):
         tokens, logprobs = sample(logits[:, 0], step_keys(state.key_data, state.gen_len), sampling)
     with jax.named_scope("stops"):
@@ -92,27 +98,36 @@ def _loop(
     params: nnx.State,
     state: SlotState,
     max_steps: jax.Array,
+    kv_len: int | None = None,
 ) -> tuple[SlotState, jax.Array]:
     model = nnx.merge(graphdef, params)
 
     def cond(carry: tuple[SlotState, jax.Array]) -> jax.Array:
         s, n = carry
+        live = s.active & ~s.finished
         waiting = jnp.any(s.active & s.finished)
-        running = jnp.any(s.active & ~s.finished)
-        return (n < max_steps) & ~waiting & running
+        fits = True if kv_len is None else jnp.all(jnp.where(live, s.pos < kv_len, True))
+        return (n < max_steps) & ~waiting & jnp.any(live) & fits
 
     def body(carry: tuple[SlotState, jax.Array]) -> tuple[SlotState, jax.Array]:
         s, n = carry
-        return decode_step(model, s, sampling, stops), n + 1
+        return decode_step(model, s, sampling, stops, kv_len), n + 1
 
     return jax.lax.while_loop(cond, body, (state, jnp.int32(0)))
 
 
 def make_decode_loop(graphdef: nnx.GraphDef, sampling: SamplingConfig, stops: StopConfig):
-    """Compile ``loop(params, state, max_steps) -> (state, steps)``; ``state`` is donated.
+    """Compile ``loop(params, state, max_steps, kv_len=None) -> (state, steps)``; ``state`` is
+    donated.
 
-    The loop runs decode steps while no active slot is finished, some slot is running and fewer
-    than ``max_steps`` (int32 scalar) steps ran; ``steps`` is the int32 number of steps taken.
+    The loop runs decode steps while no active slot is finished, some slot is running, fewer
+    than ``max_steps`` (int32 scalar) steps ran and, with ``kv_len`` (static int: one compiled
+    loop per value), every running slot's position is below it (each step's attention then
+    reads only ``kv_len`` cache slots); ``steps`` is the int32 number of steps taken.
     Shardings follow the inputs (a batch-sharded state gives a data-parallel loop).
     """
-    return jax.jit(partial(_loop, graphdef, sampling, stops), donate_argnums=(1,))
+    return jax.jit(
+        partial(_loop, graphdef, sampling, stops),
+        donate_argnums=(1,),
+        static_argnames=("kv_len",),
+    )

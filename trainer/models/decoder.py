@@ -50,10 +50,15 @@ class Block(nnx.Module):
             self.post_mlp_norm = RMSNorm(D, eps, p1, p)
 
     def __call__(
-        self, x: jax.Array, positions: jax.Array, kv: tuple[jax.Array, jax.Array] | None
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        kv: tuple[jax.Array, jax.Array] | None,
+        kv_len: int | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-        """x: [B, T, D], positions: [B, T] -> ([B, T, D], updated layer cache)."""
-        h, kv = self.attn(self.attn_norm(x), positions, kv)
+        """x: [B, T, D], positions: [B, T] -> ([B, T, D], updated layer cache); `kv_len`
+        bounds the attention to the first cache slots (see `Attention`)."""
+        h, kv = self.attn(self.attn_norm(x), positions, kv, kv_len)
         if self.post_norms:
             h = self.post_attn_norm(h)
         x = x + h
@@ -70,10 +75,12 @@ class Decoder(nnx.Module):
     lm_head.kernel [D, V] unless `tie_word_embeddings` (then the LM head is embedding.T).
 
     Calls:
-        model(tokens, positions, cache=None) -> (logits [B, T, V] float32, cache)
-        model.hidden(tokens, positions, cache=None) -> (hidden [B, T, D] in cfg.dtype, cache)
+        model(tokens, positions, cache=None, kv_len=None) -> (logits [B, T, V] float32, cache)
+        model.hidden(tokens, positions, cache=None, kv_len=None) -> (hidden [B, T, D], cache)
         model.logits(hidden [..., D]) -> [..., V] float32
-    tokens and positions are int32 [B, T]; see KVCache for the cache semantics.
+    tokens and positions are int32 [B, T]; see KVCache for the cache semantics. `kv_len`
+    (static) makes the attention read only cache slots [0, kv_len); every position must be
+    below it.
     """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -88,7 +95,11 @@ class Decoder(nnx.Module):
             self.lm_head = _Head(_normal(keys, (cfg.hidden_size, cfg.vocab_size), cfg.param_dtype))
 
     def hidden(
-        self, tokens: jax.Array, positions: jax.Array, cache: KVCache | None = None
+        self,
+        tokens: jax.Array,
+        positions: jax.Array,
+        cache: KVCache | None = None,
+        kv_len: int | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         """Final hidden states [B, T, D] (after the final norm), without the LM head."""
         cfg = self.cfg
@@ -100,7 +111,7 @@ class Decoder(nnx.Module):
         for i, block in enumerate(self.layers):
             with jax.named_scope(f"layer_{i}"):
                 kv = None if cache is None else (cache.k[i], cache.v[i])
-                x, kv = block(x, positions, kv)
+                x, kv = block(x, positions, kv, kv_len)
             if kv is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])
@@ -123,8 +134,12 @@ class Decoder(nnx.Module):
         return logits
 
     def __call__(
-        self, tokens: jax.Array, positions: jax.Array, cache: KVCache | None = None
+        self,
+        tokens: jax.Array,
+        positions: jax.Array,
+        cache: KVCache | None = None,
+        kv_len: int | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         """tokens, positions: int32 [B, T] -> (logits [B, T, V] float32, updated cache)."""
-        h, cache = self.hidden(tokens, positions, cache)
+        h, cache = self.hidden(tokens, positions, cache, kv_len)
         return self.logits(h), cache

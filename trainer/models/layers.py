@@ -137,8 +137,13 @@ class Attention(nnx.Module):
         x: jax.Array,
         positions: jax.Array,
         kv: tuple[jax.Array, jax.Array] | None,
+        kv_len: int | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """x: [B, T, D]; positions: [B, T] int32; kv: this layer's cache ([B, S, K, H] ×2) or None.
+
+        `kv_len` (static, <= S) bounds the attention to cache slots [0, kv_len): every query
+        position must be below it (slots past a query are masked anyway, so the result is
+        the unbounded one), and a decode step then reads kv_len of the S slots.
 
         Returns the output [B, T, D] and the updated cache (the call's keys and values
         written at slots `positions`; out-of-range slots are dropped).
@@ -163,9 +168,11 @@ class Attention(nnx.Module):
             rows = jnp.arange(x.shape[0])[:, None]  # [B, 1]
             keys = kv[0].at[rows, positions].set(k.astype(kv[0].dtype), mode="drop")
             values = kv[1].at[rows, positions].set(v.astype(kv[1].dtype), mode="drop")
+            kv = (keys, values)
+            if kv_len is not None and kv_len < keys.shape[1]:
+                keys, values = keys[:, :kv_len], values[:, :kv_len]
             slots = keys.shape[1]
             k_pos = jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32), (x.shape[0], slots))
-            kv = (keys, values)
         window = cfg.sliding_window if self.sliding else None
         mask = attention_mask(positions, k_pos, window)  # [B, T, S]
         B, T, N, H = q.shape

@@ -149,3 +149,37 @@ def test_reasoning_budget_inserts_the_phrase_in_the_engine(tiny) -> None:
         assert toks[3:6] == list(phrase)
         np.testing.assert_array_equal(r.logprobs[3:6], np.zeros(3, np.float32))
         assert len(toks) == 10 and r.finish_reason == "length"
+
+
+def test_bounded_decode_attention_gives_the_unbounded_samples(tiny) -> None:
+    """With kv_bucket 16 and max_len 256 the decode calls attend to 16, 32, 64 and 128 slots,
+    then all, as the samples grow; tokens and log-probs equal those of kv_bucket 0 (every call
+    attends to all 256 slots): the slots past a position are masked, so the bound only skips
+    work."""
+    cfg, graphdef, params = tiny
+    rng = np.random.default_rng(5)
+    reqs = [
+        Request(i, tuple(int(t) for t in rng.integers(1, 64, size=n)), 2, max_new_tokens=200)
+        for i, n in enumerate((3, 5, 29))
+    ]
+    never = StopConfig(eos_ids=(64,), pad_id=1)  # outside the vocabulary: samples run to 200
+    outs, bounds = [], []
+    for bucket in (0, 16):
+        bcfg = BatcherConfig(num_slots=4, max_len=256, prefill_batch=2, steps_per_call=8,
+                             kv_bucket=bucket)  # fmt: skip
+        b = ContinuousBatcher(cfg, graphdef, params, bcfg, SamplingConfig(temperature=1.0), never)
+        seen: list[int | None] = []
+        unspied = b.kv_len
+        b.kv_len = lambda seen=seen, f=unspied: seen.append(f()) or seen[-1]  # type: ignore[method-assign]
+        b.submit(reqs)
+        res = sorted(b.run_until_idle(), key=lambda r: (r.prompt_id, r.sample_index))
+        assert [len(r.tokens) for r in res] == [200] * 6
+        outs.append(res)
+        bounds.append(set(seen))
+    assert bounds[0] == {None}
+    assert bounds[1] == {16, 32, 64, 128, None}
+    for free, bounded in zip(*outs, strict=True):
+        assert free.tokens.tolist() == bounded.tokens.tolist()
+        np.testing.assert_allclose(bounded.logprobs, free.logprobs, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="kv_bucket must be >= 0"):
+        BatcherConfig(kv_bucket=-1)
