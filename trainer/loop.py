@@ -43,7 +43,8 @@ from trainer.train_step import TrainState, TrainStep
 
 class Publisher(Protocol):
     """Makes `version` of `model`'s weights current on every engine and returns once they serve
-    it (`trainer.publish.WeightPublisher`); a result with `num_bytes` feeds ``sync_gb_per_s``."""
+    it (`trainer.publish.WeightPublisher`); a result with `num_bytes` feeds ``sync_gb_per_s``,
+    one with `tp_size` ``sync_tp_shards`` (the engine TP degree the push was sharded for)."""
 
     def push(self, model: Decoder, version: int) -> Any: ...
 
@@ -276,6 +277,7 @@ class AsyncTrainer:
             "step_time_s": step_s,
             "sync_time_s": sync_s,
             "sync_gb_per_s": sync_bytes / sync_s / 1e9,
+            "sync_tp_shards": int(getattr(pushed, "tp_size", 1)),
             "wait_time_s": got.wait_s,
             "total_time_s": total_s,
             "idle_fraction": got.wait_s / total_s,

@@ -1,5 +1,6 @@
 """Issue 7: `python -m trainer train --config configs/smoke.yaml` end to end with each backend
-(gateway, one engine process, trainer), and a Ctrl-C that leaves no process behind.
+(gateway, one engine process, trainer; vLLM at TP 2 with sharded pushes), and a Ctrl-C that
+leaves no process behind.
 
 Checked from the run folder: weight versions advance 1..steps, every engine ends on the last
 version, metrics.jsonl and TensorBoard events and the plot are written, held-out accuracy is
@@ -45,8 +46,11 @@ def _rows(path: Path) -> list[dict]:
 @pytest.mark.parametrize("backend", ["jax", pytest.param("vllm", marks=pytest.mark.vllm)])
 def test_smoke_job_end_to_end(tmp_path, backend):
     run_dir = tmp_path / "run"
+    # vLLM runs at TP 2 (a core per rank) against a trainer FSDP over 2 devices: each push
+    # sends every TP rank only its own shard
+    tp = ["launch.devices_per_engine=2", "launch.trainer_devices=2", "trainer.fsdp=2"]
     done = subprocess.run(
-        _command(run_dir, f"rollout.backend={backend}"),
+        _command(run_dir, f"rollout.backend={backend}", *(tp if backend == "vllm" else [])),
         cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -57,6 +61,7 @@ def test_smoke_job_end_to_end(tmp_path, backend):
     assert [r["step"] for r in metrics] == list(range(1, STEPS + 1))
     assert [r["version"] for r in metrics] == list(range(1, STEPS + 1))
     assert all(r["sync_gb_per_s"] > 0 and r["lag_max"] <= 1 for r in metrics)
+    assert [r["sync_tp_shards"] for r in metrics] == [2 if backend == "vllm" else 1] * STEPS
     assert (loop["steps"], loop["version"]) == (STEPS, STEPS)
     assert summary["backend"] == backend
     assert list(summary["engine_versions"].values()) == [STEPS]  # one engine, on the last
