@@ -161,18 +161,22 @@ def _as_full(manifest: Manifest, i: int, tp_rank: int, part: torch.Tensor) -> to
 
 
 def _reprocess_tied_embeddings(model: torch.nn.Module) -> int:
-    """Re-run weight post-processing on embedding/LM-head layers that share their weight.
+    """Re-run weight post-processing on LM heads that share their weight with an embedding.
 
     With tied embeddings the LM head receives no tensor of its own (the checkpoint has none),
     so the layerwise reload leaves it unprocessed: on CPU its pre-packed GEMM weight keeps the
     old values while `embed_tokens` gets the new ones (measured: outputs then equal "new body,
-    old head"). Re-processing every unquantized embedding layer whose weight storage is shared
-    rebuilds those derived tensors from the new weight.
+    old head"). Re-processing each unquantized `ParallelLMHead` whose weight storage another
+    embedding layer shares rebuilds those derived tensors from the new weight; the embedding
+    itself received its tensor and was processed by the reload.
 
     Returns:
         The number of layers re-processed.
     """
-    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        ParallelLMHead,
+        UnquantizedEmbeddingMethod,
+    )
 
     by_storage: dict[int, list[torch.nn.Module]] = {}
     for module in model.modules():
@@ -185,6 +189,7 @@ def _reprocess_tied_embeddings(model: torch.nn.Module) -> int:
     for modules in by_storage.values():
         if len(modules) > 1:
             for module in modules:
-                module.quant_method.process_weights_after_loading(module)  # type: ignore
-                n += 1
+                if isinstance(module, ParallelLMHead):
+                    module.quant_method.process_weights_after_loading(module)  # type: ignore
+                    n += 1
     return n
