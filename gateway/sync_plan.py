@@ -7,10 +7,12 @@ The params are a flat `dict[str, str]` (the gateway carries them opaquely):
 | key | value |
 | --- | --- |
 | `transport` | JSON of a `gateway.transport.config.TransportConfig` (the bound port filled in) |
-| `manifest` | `Manifest.to_json()`: version, names, shapes, wire dtype, bucket size |
+| `manifest` | `Manifest.to_json()`: version, names, shapes, wire dtype, bucket size (+) |
 | `ranks` | JSON `{engine_id: group rank of the engine's TP rank 0}` (ranks start at 1) |
 | `world_size` | group size: 1 sender + every receiving TP rank |
 | `group` | generation of the group; an engine joins afresh whenever it changes |
+
+(+) A sharded manifest also carries `tp_size`, `num_kv_heads` and each tensor's shard kind.
 
 Pure Python (no torch, numpy or JAX): the gateway process may import it.
 """

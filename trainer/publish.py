@@ -21,7 +21,9 @@
 
 Extra trainer memory is bounded by one bucket, plus, for a param on an accelerator or split
 over devices, that one tensor in its wire dtype (and its transposed copy when the mapping
-transposes it).
+transposes it). A sharded bucket is packed once per TP rank: the per-rank buffers add up to
+the bucket, plus each KV tensor once more per extra rank that holds its head when TP exceeds
+the KV heads.
 """
 
 from __future__ import annotations
@@ -280,7 +282,8 @@ class WeightPublisher:
 
         A param split over the trainer's devices stays a JAX array, cast to the wire dtype in
         JAX and still split, so the region is copied straight out of the FSDP shards and no
-        whole tensor is gathered. A param held whole on one CPU device (or a numpy array)
+        whole tensor is gathered (except where a padded `jax_dims` axis is the split one: XLA
+        then replicates the unpadded slice). A param held whole on one CPU device (or a numpy array)
         comes as a strided numpy view of its own buffer, uncast, as in `_engine_tensors`: the
         copy of each region casts and transposes in one pass.
         """

@@ -5,7 +5,10 @@ Protocol, the same for every transport:
 2. each receiver compares it with the manifest it was told to expect and accepts or refuses
    (a refusal raises on both sides before any tensor moves);
 3. the sender streams the buckets (`Manifest.buckets`), each packed into one byte buffer
-   (`bucket_layout`), and each receiver hands every bucket to its `on_bucket` callback;
+   (`bucket_layout`), or for a sharded manifest (`Manifest.tp_size` > 1, collective
+   transports only) into one buffer of its replicated tensors plus one per TP rank
+   (`gateway.transport.sharded`), and each receiver hands every bucket to its `on_bucket`
+   callback;
 4. the version is committed only when every receiver has had every bucket loaded without
    error: `send` returns and `receive` returns only then; otherwise both raise
    `TransferError`.
@@ -44,7 +47,8 @@ class SendStats:
 
     Attributes:
         version: the committed version.
-        num_bytes: payload bytes sent (sum of tensor sizes, padding excluded).
+        num_bytes: the version's payload bytes (sum of full tensor sizes, padding excluded;
+            with a sharded manifest each TP rank receives only its part of them).
         num_buckets: number of buckets.
         seconds: wall time of the whole send, manifest to commit.
     """

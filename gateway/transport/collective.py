@@ -215,9 +215,9 @@ class CollectiveReceiver(WeightReceiver):
                 got = Manifest.from_json(offered)
                 raise ManifestError(
                     f"offered manifest (version {got.version}, {len(got.tensors)} tensors, "
-                    f"bucket {got.bucket_bytes} B) differs from the expected one (version "
-                    f"{manifest.version}, {len(manifest.tensors)} tensors, bucket "
-                    f"{manifest.bucket_bytes} B)"
+                    f"bucket {got.bucket_bytes} B, tp_size {got.tp_size}) differs from the "
+                    f"expected one (version {manifest.version}, {len(manifest.tensors)} "
+                    f"tensors, bucket {manifest.bucket_bytes} B, tp_size {manifest.tp_size})"
                 )
             if g.all_min(1) != 1:
                 raise TransferError(f"another receiver refused version {manifest.version}")

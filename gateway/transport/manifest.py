@@ -244,7 +244,10 @@ class Manifest:
 
 
 def check_manifest(
-    manifest: Manifest, expected: dict[str, tuple[tuple[int, ...], str]], tp_size: int = 1
+    manifest: Manifest,
+    expected: dict[str, tuple[tuple[int, ...], str]],
+    tp_size: int = 1,
+    num_kv_heads: int | None = None,
 ) -> None:
     """Check a manifest against the tensors a model expects, before anything is loaded.
 
@@ -252,6 +255,8 @@ def check_manifest(
         manifest: the version offered.
         expected: name -> (full shape, dtype) of every tensor the receiving model holds.
         tp_size: the receiving engine's TP degree; a sharded manifest must be sharded for it.
+        num_kv_heads: the receiving model's KV heads, if known; a sharded manifest with `kv`
+            tensors must split them by this count.
 
     Raises:
         ManifestError: listing every unknown name, missing name, wrong shape and wrong dtype,
@@ -260,6 +265,11 @@ def check_manifest(
     problems: list[str] = []
     if manifest.sharded and manifest.tp_size != tp_size:
         problems.append(f"sharded for tp_size {manifest.tp_size}, the engine runs {tp_size}")
+    kv_split = manifest.sharded and any(t.shard == "kv" for t in manifest.tensors)
+    if kv_split and num_kv_heads is not None and manifest.num_kv_heads != num_kv_heads:
+        problems.append(
+            f"KV tensors split by {manifest.num_kv_heads} KV heads, the model has {num_kv_heads}"
+        )
     names = {t.name for t in manifest.tensors}
     unknown = sorted(names - expected.keys())
     missing = sorted(expected.keys() - names)

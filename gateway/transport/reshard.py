@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import numpy as np
+if TYPE_CHECKING:  # pure Python at import: `manifest.py` (and the gateway) import this module
+    import numpy as np
 
 ShardKind = Literal["column", "kv", "row", "vocab", "replicated"]
 VOCAB_PAD = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
@@ -221,6 +222,8 @@ def apply_plan(
 ) -> list[np.ndarray]:
     """Run a plan on host arrays: the tensor each TP rank ends up with (the reference the
     device transports follow; used by the tests)."""
+    import numpy as np
+
     out = []
     for r in range(tp_size):
         region = tp_slice(shape, kind, tp_size, r, num_kv_heads)

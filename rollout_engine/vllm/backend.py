@@ -36,7 +36,7 @@ from rollout_engine.backend import (
     UpdateStats,
     VersionSpan,
 )
-from rollout_engine.vllm.expected import checkpoint_tensors
+from rollout_engine.vllm.expected import checkpoint_tensors, num_kv_heads
 from rollout_engine.vllm.registry import ENGINE_NAME, register_transfer_engines
 
 
@@ -83,6 +83,7 @@ class VllmBackend(RolloutBackend):
         self.cfg = cfg
         self.engine: Any = None
         self._expected = checkpoint_tensors(cfg.model, cfg.dtype)
+        self._kv_heads = num_kv_heads(cfg.model)
         self._version: int | None = cfg.initial_version
         self._lock = asyncio.Lock()
 
@@ -189,7 +190,8 @@ class VllmBackend(RolloutBackend):
         async with self._lock:
             t0 = time.perf_counter()
             try:
-                check_manifest(manifest, self._expected, self.cfg.tensor_parallel_size)
+                tp = self.cfg.tensor_parallel_size
+                check_manifest(manifest, self._expected, tp, self._kv_heads)
             except ValueError as e:
                 kwargs = {"manifest": manifest.to_dict(), "reason": str(e)}
                 await self.engine.collective_rpc("jaxrl_refuse_update", kwargs=kwargs)

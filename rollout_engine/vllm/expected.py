@@ -12,6 +12,21 @@ import struct
 from pathlib import Path
 
 
+def num_kv_heads(model_dir: str | Path) -> int | None:
+    """The model's KV heads from `model_dir/config.json` (`num_key_value_heads`, else
+    `num_attention_heads`, looked up in `text_config` too), or None when it names neither.
+
+    Raises:
+        FileNotFoundError: no config.json.
+    """
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    for c in (cfg, cfg.get("text_config") or {}):
+        heads = c.get("num_key_value_heads") or c.get("num_attention_heads")
+        if heads:
+            return int(heads)
+    return None
+
+
 def checkpoint_tensors(model_dir: str | Path, dtype: str) -> dict[str, tuple[tuple[int, ...], str]]:
     """name -> (full shape, `dtype`) for every tensor in `model_dir/*.safetensors`.
 

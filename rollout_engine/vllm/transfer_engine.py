@@ -12,6 +12,7 @@ vLLM's loaders still do the fusing, vocab padding and CPU weight re-packing.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,10 +24,11 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from gateway.transport.base import WeightReceiver
+from gateway.transport.base import TransferError, WeightReceiver
 from gateway.transport.config import TransportConfig
 from gateway.transport.factory import make_receiver
 from gateway.transport.manifest import Manifest, ManifestError
+from gateway.transport.reshard import tp_rank_of
 
 
 @dataclass
@@ -99,7 +101,14 @@ class JaxrlWeightTransferEngine(WeightTransferEngine[JaxrlInitInfo, JaxrlUpdateI
             torch.cuda.synchronize()
 
     def receive_weights(self, update_info: JaxrlUpdateInfo) -> None:
-        """Receive every bucket of the version and hand it to `model.load_weights`."""
+        """Receive every bucket of the version and hand it to `model.load_weights`.
+
+        Raises:
+            ManifestError: a manifest sharded for another TP degree than this engine's, or a
+                data-plane rank that would receive another TP rank's shards (voted down on the
+                data plane first, so the sender fails at once).
+            TransferError: the transfer failed (see `WeightReceiver.receive`).
+        """
         if self.receiver is None:
             raise RuntimeError("init_weight_transfer_engine was not called")
         manifest = Manifest.from_dict(update_info.manifest)
@@ -110,13 +119,26 @@ class JaxrlWeightTransferEngine(WeightTransferEngine[JaxrlInitInfo, JaxrlUpdateI
                 get_tensor_model_parallel_world_size,
             )
 
-            tp = get_tensor_model_parallel_world_size()
+            tp, tp_rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
+            group_rank = getattr(self.receiver, "rank", None)
+            reason = ""
             if manifest.tp_size != tp:
-                raise ManifestError(
+                reason = (
                     f"version {manifest.version} is sharded for tp_size {manifest.tp_size}, "
                     f"this engine runs tp_size {tp}"
                 )
-            tp_rank = get_tensor_model_parallel_rank()
+            elif group_rank is None or tp_rank_of(group_rank, tp) != tp_rank:
+                # the transport unpacks by group rank, vLLM loads by its own TP rank
+                reason = (
+                    f"version {manifest.version}: data-plane rank {group_rank} would receive "
+                    f"the shards of another TP rank than this worker's {tp_rank} (expected a "
+                    f"collective transport with rank_offset = 1 mod {tp})"
+                )
+            if reason:
+                # vote no on the data plane first: the group learns it now, not at its timeout
+                with contextlib.suppress(TransferError):
+                    self.receiver.refuse(reason)
+                raise ManifestError(reason)
             index = {t.name: i for i, t in enumerate(manifest.tensors)}
 
         def load(bucket: list[tuple[str, torch.Tensor]]) -> None:

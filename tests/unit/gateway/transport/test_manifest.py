@@ -95,6 +95,9 @@ def test_sharded_manifest_round_trips_and_is_checked():
     with pytest.raises(ManifestError, match="sharded for tp_size 2, the engine runs 4"):
         check_manifest(m, expected, tp_size=4)
     check_manifest(base, expected, tp_size=4)  # whole tensors fit any TP degree
+    check_manifest(m, expected, tp_size=2, num_kv_heads=1)
+    with pytest.raises(ManifestError, match="KV tensors split by 1 KV heads, the model has 2"):
+        check_manifest(m, expected, tp_size=2, num_kv_heads=2)
     with pytest.raises(ManifestError, match=r"'q' \[64, 16\] cannot be split 'column' over"):
         base.sharded_for(3, {"q": "column"})
     with pytest.raises(ManifestError, match=r"shard kinds for tensors the manifest lacks: \['x'\]"):

@@ -50,3 +50,21 @@ def test_importing_the_backend_registers_nothing_and_register_is_idempotent():
         "assert cls.__name__ == 'JaxrlWeightTransferEngine', cls\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_num_kv_heads_reads_config_json(tmp_path):
+    import json
+
+    from rollout_engine.vllm.expected import num_kv_heads
+
+    cases = [
+        ({"num_key_value_heads": 2, "num_attention_heads": 8}, 2),
+        ({"num_attention_heads": 8}, 8),  # multi-head attention: as many KV heads
+        ({"text_config": {"num_key_value_heads": 4}}, 4),
+        ({"hidden_size": 64}, None),
+    ]
+    for cfg, want in cases:
+        (tmp_path / "config.json").write_text(json.dumps(cfg))
+        assert num_kv_heads(tmp_path) == want, cfg
+    with pytest.raises(FileNotFoundError):
+        num_kv_heads(tmp_path / "missing")
