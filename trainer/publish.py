@@ -19,11 +19,12 @@
    shards when the param is split over devices (`gateway.transport.sharded`);
 5. waits until every engine acknowledged "loaded".
 
-Extra trainer memory is bounded by one bucket, plus, for a param on an accelerator or split
-over devices, that one tensor in its wire dtype (and its transposed copy when the mapping
-transposes it). A sharded bucket is packed once per TP rank: the per-rank buffers add up to
-the bucket, plus each KV tensor once more per extra rank that holds its head when TP exceeds
-the KV heads.
+Extra trainer memory is bounded by one bucket (which a collective sender keeps between
+pushes: packing into a reused buffer avoids its page faults, `gateway.transport.base.
+BufferPool`), plus, for a param on an accelerator or split over devices, that one tensor in
+its wire dtype (and its transposed copy when the mapping transposes it). A sharded bucket is
+packed once per TP rank: the per-rank buffers add up to the bucket, plus each KV tensor once
+more per extra rank that holds its head when TP exceeds the KV heads.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from gateway.transport.base import (
+    BufferPool,
     OnBucket,
     SendStats,
     TransferError,
@@ -98,12 +99,29 @@ class _Group:
 
 
 class CollectiveSender(WeightSender):
-    """Rank 0 of a broadcast group; subclasses build the process group in `_make_group`."""
+    """Rank 0 of a broadcast group; subclasses build the process group in `_make_group`.
+
+    Packs every bucket into buffers it keeps between pushes (`base.BufferPool`: about one
+    bucket of memory on the group's device; `close` frees them).
+    """
 
     device = "cpu"
 
     def __init__(self) -> None:
         self._group: _Group | None = None
+        self._pool: BufferPool | None = None
+
+    def _buffers(self) -> BufferPool:
+        g = self._group
+        assert g is not None
+        if self._pool is None or self._pool.device != g.device:
+            self._pool = BufferPool(g.device)
+        return self._pool
+
+    def close(self) -> None:
+        """Drop the group and the send buffers."""
+        self._group = None
+        self._pool = None
 
     def _make_group(self) -> _Group:
         raise NotImplementedError
@@ -133,7 +151,7 @@ class CollectiveSender(WeightSender):
             if manifest.sharded:
                 n = self._send_sharded(manifest, tensors)
             else:
-                for buf in iter_packed(manifest, tensors, device=g.device):
+                for buf in iter_packed(manifest, tensors, g.device, self._buffers()):
                     g.broadcast(buf)
                     n += 1
             if g.all_min(1) != 1:
@@ -151,7 +169,8 @@ class CollectiveSender(WeightSender):
         world = int(g.pg.size())
         tp_of = {r: tp_rank_of(r, manifest.tp_size) for r in range(1, world)}
         n = 0
-        for packed in iter_packed_sharded(manifest, tensors, tp_of.values(), device=g.device):
+        packing = iter_packed_sharded(manifest, tensors, tp_of.values(), g.device, self._buffers())
+        for packed in packing:
             if packed.replicated is not None:
                 g.broadcast(packed.replicated)
             if packed.per_rank:

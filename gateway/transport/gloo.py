@@ -55,8 +55,8 @@ class GlooSender(CollectiveSender):
         return _gloo_group(self._store, 0, self.world_size, self.timeout_s)
 
     def close(self) -> None:
-        """Drop the group and the store."""
-        self._group = None
+        """Drop the group, the send buffers and the store."""
+        super().close()
         self._store = None
 
 

@@ -22,7 +22,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gateway.transport.base import Bucket, next_tensor, write_region
+from gateway.transport.base import (
+    Bucket,
+    BufferPool,
+    FreshBuffers,
+    next_tensor,
+    write_region,
+)
 from gateway.transport.manifest import (
     DTYPE_BYTES,
     Manifest,
@@ -103,6 +109,7 @@ def iter_packed_sharded(
     tensors: Iterable[tuple[str, Any]],
     tp_ranks: Iterable[int],
     device: str = "cpu",
+    pool: BufferPool | None = None,
 ) -> Iterator[PackedBucket]:
     """Pack each bucket for per-rank delivery, casting to the manifest dtypes.
 
@@ -111,6 +118,8 @@ def iter_packed_sharded(
         tensors: (name, full array) in manifest order, as `write_region` takes them.
         tp_ranks: the TP ranks some receiver has (a buffer is packed once per rank).
         device: where the buffers live (the sender's device).
+        pool: where the buffers come from (reused: send each bucket before asking for the
+            next); None allocates fresh ones per bucket on `device`.
 
     Yields:
         One `PackedBucket` per bucket of `manifest.buckets()`, in order.
@@ -119,19 +128,16 @@ def iter_packed_sharded(
         ManifestError: a name or shape that differs from the manifest, or too few or too
             many tensors.
     """
-    import torch
 
+    pool = pool or FreshBuffers(device)
     ranks = sorted(set(tp_ranks))
     it = iter(tensors)
     for bucket in manifest.buckets():
         split = split_bucket(manifest, bucket)
         rep_layout = rank_layout(manifest, split.replicated, 0)
         layouts = {r: rank_layout(manifest, split.sharded, r) for r in ranks}
-        rep = torch.empty(rep_layout[1], dtype=torch.uint8, device=device)
-        per_rank = {
-            r: torch.empty(total, dtype=torch.uint8, device=device)
-            for r, (_, total) in layouts.items()
-        }
+        rep = pool.get("replicated", rep_layout[1])
+        per_rank = {r: pool.get(f"rank{r}", total) for r, (_, total) in layouts.items()}
         where = {i: (rep, off, region) for i, off, region in rep_layout[0]}
         for i in bucket:
             spec = manifest.tensors[i]

@@ -197,3 +197,32 @@ def test_receiver_times_out_without_a_sender():
     m = Manifest.of(1, [("a", (2,))], "float32", 64)
     with pytest.raises(TransferError, match="receiving version 1 failed"):
         receiver.receive(m, lambda b: None)
+
+
+def test_sender_reuses_one_bucket_buffer_across_buckets_and_pushes(group):
+    from gateway.transport.base import BufferPool
+    from gateway.transport.manifest import bucket_layout
+
+    pool = BufferPool()
+    a = pool.get("x", 100)
+    assert pool.get("x", 60).data_ptr() == a.data_ptr() and pool.nbytes == 100
+    assert pool.get("x", 300).numel() == 300 and pool.nbytes == 300  # grown, the old freed
+    pool.clear()
+    assert pool.nbytes == 0
+
+    sender, receivers = group
+    w = _weights(11)
+    ptrs = []
+    for version in (11, 12):
+        m = _manifest(w, version, 64 * 16 * 4)
+        res = _run(
+            [lambda m=m: sender.send(m, w.items())]
+            + [lambda r=r, m=m: _collect(r, m) for r in receivers]
+        )
+        assert res[0].num_buckets == 3
+        for got, _ in res[1:]:
+            assert all(torch.equal(got[n], t.float()) for n, t in w.items())
+        ptrs.append(sender._pool.get("bucket", 1).data_ptr())
+        largest = max(bucket_layout(m, b)[1] for b in m.buckets())
+        assert sender._pool.nbytes == largest  # one bucket held, not one per bucket
+    assert ptrs[0] == ptrs[1]
