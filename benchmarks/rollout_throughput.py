@@ -1,7 +1,8 @@
 """Generated tokens per second of the JAX engine and of vLLM on the same model, prompts and
 sampling, in the same run (the ratio); and the JAX engine's decode step time against its
-roofline: the bytes one step reads (all weights, plus the whole KV cache, which our attention
-reads every step) over the memory bandwidth measured in the same run, and, since a CPU decode
+roofline: the bytes one step reads (all weights, plus the whole KV cache: at this script's
+cache length of 64 + max_tokens the attention bound, `BatcherConfig.kv_bucket`, covers every
+slot) over the memory bandwidth measured in the same run, and, since a CPU decode
 step of 32 rows is compute-bound, its FLOPs (2 per param per row, plus attention over the whole
 cache) over the rate of a decode-shaped matmul measured in the same run; the roofline is the
 larger of the two and ``roofline_fraction`` = roofline / measured step.
