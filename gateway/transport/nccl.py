@@ -13,12 +13,8 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from gateway.transport.collective import (
-    CollectiveReceiver,
-    CollectiveSender,
-    _Group,
-    rendezvous_store,
-)
+from gateway.transport.collective import _Group, rendezvous_store
+from gateway.transport.gloo import GlooReceiver, GlooSender
 
 
 def _nccl_group(store: Any, rank: int, world_size: int, timeout_s: float, device: str) -> _Group:
@@ -32,8 +28,13 @@ def _nccl_group(store: Any, rank: int, world_size: int, timeout_s: float, device
     return _Group(pg, device, timeout_s)
 
 
-class NcclSender(CollectiveSender):
-    """Rank 0 on `device` (e.g. `"cuda:0"`); arguments as `GlooSender`."""
+class NcclSender(GlooSender):
+    """Rank 0 on `device` (e.g. `"cuda:0"`): `GlooSender`'s rendezvous on a NCCL group.
+
+    Args:
+        host, port, num_receivers, timeout_s: as `GlooSender`.
+        device: the CUDA device the send buffers live on.
+    """
 
     def __init__(
         self,
@@ -43,23 +44,20 @@ class NcclSender(CollectiveSender):
         timeout_s: float = 300.0,
         device: str = "cuda:0",
     ) -> None:
-        super().__init__()
+        super().__init__(host, port, num_receivers, timeout_s)
         self.device = device
-        self.world_size = num_receivers + 1
-        self.timeout_s = timeout_s
-        self._store: Any = rendezvous_store(host, port, self.world_size, timeout_s, master=True)
-
-    @property
-    def port(self) -> int:
-        """The TCP port the rendezvous store listens on."""
-        return int(self._store.port)
 
     def _make_group(self) -> _Group:
         return _nccl_group(self._store, 0, self.world_size, self.timeout_s, self.device)
 
 
-class NcclReceiver(CollectiveReceiver):
-    """Rank `rank` (>= 1) on `device`; arguments as `GlooReceiver`."""
+class NcclReceiver(GlooReceiver):
+    """Rank `rank` (>= 1) on `device`: `GlooReceiver`'s rendezvous on a NCCL group.
+
+    Args:
+        host, port, rank, world_size, timeout_s: as `GlooReceiver`.
+        device: the CUDA device the receive buffers live on.
+    """
 
     def __init__(
         self,
@@ -70,11 +68,8 @@ class NcclReceiver(CollectiveReceiver):
         timeout_s: float = 300.0,
         device: str = "cuda:0",
     ) -> None:
-        super().__init__()
-        if not 1 <= rank < world_size:
-            raise ValueError(f"rank must be in 1..{world_size - 1}, got {rank}")
-        self.host, self.port, self.rank, self.device = host, port, rank, device
-        self.world_size, self.timeout_s = world_size, timeout_s
+        super().__init__(host, port, rank, world_size, timeout_s)
+        self.device = device
 
     def _make_group(self) -> _Group:
         store = rendezvous_store(
