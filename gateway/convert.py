@@ -91,6 +91,7 @@ def completion_to_pb(c: m.Completion) -> rpb.Completion:
         ],
         first_token_s=c.first_token_s,
         generation_s=c.generation_s,
+        forced_positions=list(c.forced_positions),
     )
 
 
@@ -105,6 +106,7 @@ def completion_from_pb(c: rpb.Completion) -> m.Completion:
         version_spans=tuple((s.version, s.start_token, s.end_token) for s in c.version_spans),
         first_token_s=c.first_token_s,
         generation_s=c.generation_s,
+        forced_positions=tuple(c.forced_positions),
     )
 
 

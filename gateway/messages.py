@@ -60,6 +60,8 @@ class Completion:
         version_start, version_end: weight versions at the first and the last token.
         version_spans: (version, start token, end token) triples, when the version changed.
         first_token_s, generation_s: seconds from the engine taking the prompt.
+        forced_positions: indices into token_ids (ascending) of tokens the engine wrote without
+            sampling them (log-prob 0); the trainer masks them out of the loss.
     """
 
     token_ids: np.ndarray
@@ -70,6 +72,7 @@ class Completion:
     version_spans: tuple[tuple[int, int, int], ...] = ()
     first_token_s: float = 0.0
     generation_s: float = 0.0
+    forced_positions: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -85,6 +85,12 @@ def check_completion(
             f"{where}: expected 0 <= version_start <= version_end <= {current_version} "
             f"(the current version), got {v0} and {v1}"
         )
+    forced = list(completion.forced_positions)
+    if len(forced) > n or any(not 0 <= j < n for j in forced) or forced != sorted(set(forced)):
+        raise invalid(
+            f"{where}: expected forced_positions ascending, unique and in [0, {n}), got "
+            f"{len(forced)} positions starting {forced[:4]}"
+        )
     for span in completion.version_spans:
         if not (v0 <= span.version <= v1 and 0 <= span.start_token <= span.end_token <= n):
             raise invalid(

@@ -65,15 +65,19 @@ class Sample:
         token_ids: sampled token ids, `[L]` ints.
         logprobs: log-prob of each sampled token under the sampling distribution, `[L]`
             floats (natural log).
-        finish_reason: `"stop"` (EOS or a stop token) or `"length"` (hit `max_tokens`).
+        finish_reason: `"stop"` (EOS or a stop token) or `"length"` (hit `max_tokens`; the last
+            token is the one sampled there, with its log-prob).
         versions: spans covering `[0, L)`, oldest first; more than one when a weight update
             happened while this sample was being generated.
+        forced_positions: indices into `token_ids` (ascending) of tokens the engine wrote
+            without sampling them (the JAX engine's end-of-think phrase); empty for vLLM.
     """
 
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: str
     versions: tuple[VersionSpan, ...]
+    forced_positions: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

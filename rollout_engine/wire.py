@@ -65,6 +65,7 @@ def completion_of(sample: Sample, version: int, generation_s: float) -> m.Comple
         version_end=v1,
         version_spans=tuple((s.version, s.start, s.end) for s in spans) if len(spans) > 1 else (),
         generation_s=generation_s,
+        forced_positions=tuple(sample.forced_positions),
     )
 
 

@@ -7,7 +7,9 @@ Layout of a row (right padded with `pad_id`):
 
     tokens[b, :S]  = prompt + completion          (the model's input, positions 0..L-1)
     targets[b, t]  = tokens[b, t + 1] for t < S - 1 (the token that position t predicts)
-    loss_mask[b, t] = 1 for P - 1 <= t <= S - 2   (positions whose target is a completion token)
+    loss_mask[b, t] = 1 for P - 1 <= t <= S - 2   (positions whose target is a completion token),
+                      except t = P - 1 + j for each forced completion token j (a token the
+                      engine wrote without sampling it, e.g. an end-of-think phrase)
     sampler_logprobs[b, P - 1 + j] = the engine's log-prob of completion token j
 
 so ``fused_target_logprobs(model.hidden(tokens, positions), W, targets)`` is aligned with
@@ -43,7 +45,8 @@ class RLBatch:
       positions: [B, L] int32, arange(L) on every row.
       targets: [B, L] int32 next tokens (pad where there is none).
       sampler_logprobs: [B, L] float32 sampler log-probs of `targets` (0 outside the mask).
-      loss_mask: [B, L] float32, 1 where `targets` is a completion token.
+      loss_mask: [B, L] float32, 1 where `targets` is a completion token the engine sampled
+        (0 at forced tokens, padding and the prompt).
       prompt_lens: [B] int32 P.
       seq_lens: [B] int32 S = P + C.
       rewards: [B] float32.
@@ -181,6 +184,8 @@ def build_rl_batch(
         targets[i, : s - 1] = tokens[i, 1:s]
         sampler[i, p - 1 : s - 1] = comp.logprobs
         mask[i, p - 1 : s - 1] = 1.0
+        for j in comp.forced_positions:
+            mask[i, p - 1 + j] = 0.0
         prompt_lens[i] = p
     stats = [
         group_advantages(np.array([g.rewards]), normalize_std=normalize_std, eps=eps)

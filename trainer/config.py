@@ -109,8 +109,8 @@ class LossSection(_Section):
 class OptimSection(_Section):
     """AdamW with warmup and cosine decay (see trainer.optim.OptimizerConfig)."""
 
-    learning_rate: float = Field(default=1e-6, gt=0)
-    """Peak learning rate."""
+    learning_rate: float = Field(default=1e-6, ge=0)
+    """Peak learning rate; 0 keeps the weights fixed (measures the engine-trainer mismatch)."""
     warmup_steps: int = Field(default=0, ge=0)
     """Updates of linear warmup."""
     min_lr_ratio: float = Field(default=0.0, ge=0, le=1)

@@ -272,6 +272,9 @@ class AsyncTrainer:
             "filtered_zero_variance": got.dropped_zero_variance,
             "filtered_aborted": got.dropped_aborted,
             "completion_tokens": completion_tokens,
+            "completions_at_length_limit": sum(
+                c.finish_reason == "length" for g in got.kept for c in g.completions
+            ),
             "tokens_per_s": completion_tokens / total_s,
             "train_tokens_per_s": float(batch.seq_lens.sum()) / step_s,
             "step_time_s": step_s,

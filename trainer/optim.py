@@ -21,7 +21,8 @@ class OptimizerConfig:
     """Optimizer settings.
 
     Attributes:
-      learning_rate: peak learning rate (after warmup).
+      learning_rate: peak learning rate (after warmup), >= 0. 0 keeps the weights fixed: a run
+        that measures the engine-trainer mismatch (importance ratio at unchanged weights).
       warmup_steps: updates of linear warmup from 0 to the peak.
       total_steps: updates over which warmup + cosine decay run (>= warmup_steps).
       min_lr_ratio: final learning rate as a fraction of the peak (cosine end value).
@@ -43,8 +44,8 @@ class OptimizerConfig:
     grad_accum_steps: int = 1
 
     def __post_init__(self) -> None:
-        if self.learning_rate <= 0:
-            raise ValueError(f"learning_rate must be > 0; got {self.learning_rate}")
+        if self.learning_rate < 0:
+            raise ValueError(f"learning_rate must be >= 0; got {self.learning_rate}")
         if not 0 <= self.warmup_steps <= self.total_steps or self.total_steps < 1:
             raise ValueError(
                 "need 0 <= warmup_steps <= total_steps and total_steps >= 1; got "

@@ -41,6 +41,7 @@ def group_from_gateway(group: m.RolloutGroup) -> RolloutGroup:
             finish_reason=c.finish_reason,
             version_start=c.version_start,
             version_end=c.version_end,
+            forced_positions=list(c.forced_positions),
         )
         for c in group.completions
     ]

@@ -24,10 +24,13 @@ class Completion:
       version_end: weight version when the last token was sampled (>= version_start).
       reward: the verifier's score, None until scored.
       text: the decoded completion, if the engine sent it (the verifier may decode instead).
+      forced_positions: indices into `token_ids` of tokens the engine wrote without sampling
+        them (the JAX engine's end-of-think phrase at a reasoning budget); `build_rl_batch`
+        keeps them out of the loss mask, since the policy never chose them.
 
     Raises:
-      ValueError: if lengths differ, versions are negative or out of order, or finish_reason is
-        empty.
+      ValueError: if lengths differ, versions are negative or out of order, finish_reason is
+        empty, or a forced position is outside the completion.
     """
 
     token_ids: Sequence[int]
@@ -37,6 +40,7 @@ class Completion:
     version_end: int
     reward: float | None = None
     text: str | None = None
+    forced_positions: Sequence[int] = ()
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
@@ -51,6 +55,11 @@ class Completion:
             )
         if not self.finish_reason:
             raise ValueError("finish_reason must be a non-empty string")
+        if any(not 0 <= j < len(self.token_ids) for j in self.forced_positions):
+            raise ValueError(
+                f"forced_positions must index the {len(self.token_ids)} completion tokens; "
+                f"got {list(self.forced_positions)[:8]}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +125,7 @@ def group_from_dict(d: Mapping[str, Any]) -> RolloutGroup:
 
     Expected keys: ``sample_id``, ``prompt_ids``, ``completions``: a list of mappings with
     ``token_ids``, ``logprobs``, ``finish_reason``, ``version_start``, ``version_end`` and
-    optionally ``reward`` and ``text``.
+    optionally ``reward``, ``text`` and ``forced_positions``.
 
     Raises:
       KeyError: naming the missing key; ValueError: from the dataclass checks.
@@ -130,6 +139,7 @@ def group_from_dict(d: Mapping[str, Any]) -> RolloutGroup:
             version_end=int(c["version_end"]),
             reward=None if c.get("reward") is None else float(c["reward"]),
             text=c.get("text"),
+            forced_positions=[int(j) for j in c.get("forced_positions", ())],
         )
         for c in d["completions"]
     ]

@@ -1,7 +1,7 @@
 """The pure-JAX continuous-batching rollout backend.
 
 Modules, bottom up: ``sampling`` (temperature / top-k / top-p with processed log-probs),
-``stops`` (EOS, forced EOS at the length limit, forced end-of-think phrase), ``state`` (the slot
+``stops`` (EOS, the length limit, forced end-of-think phrase), ``state`` (the slot
 state), ``prefill`` (bucketed, memoised prefill), ``decode`` (the compiled decode loop, cache
 donated), ``insert`` (slot substitution, plain or ``shard_map``-sharded), ``batcher`` (one
 replica's scheduler), ``engine`` (replicas in threads: ``JaxEngine.generate`` /

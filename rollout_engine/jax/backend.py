@@ -146,7 +146,7 @@ class JaxBackend(RolloutBackend):
     async def generate(
         self, prompt_id: str, prompt_token_ids: list[int], sampling: SamplingConfig
     ) -> GroupResult:
-        """See `RolloutBackend.generate`. ``max_tokens`` counts the forced EOS at the limit."""
+        """See `RolloutBackend.generate`. ``max_tokens`` counts every completion token."""
         if self.engine is None:
             raise RuntimeError("the backend is not started")
         if self._version is None:
@@ -275,4 +275,5 @@ def _sample(r: SampleResult) -> Sample:
         tuple(float(x) for x in r.logprobs),
         r.finish_reason,
         spans,
+        forced_positions=r.forced_positions,
     )

@@ -295,7 +295,7 @@ class ContinuousBatcher:
 
     def _collect(self) -> list[SampleResult]:
         self.state, fetched = _collect_and_release(self.state)
-        mask, tokens, logprobs, lengths, reasons = jax.device_get(fetched)
+        mask, tokens, logprobs, forced, lengths, reasons = jax.device_get(fetched)
         done = np.flatnonzero(mask)
         out = []
         for i in done:
@@ -311,6 +311,7 @@ class ContinuousBatcher:
                     sample_index=slot.index,
                     tokens=tokens[i, :n].astype(np.int32),
                     logprobs=logprobs[i, :n].astype(np.float32),
+                    forced_positions=tuple(int(j) for j in np.flatnonzero(forced[i, :n])),
                     finish_reason=FINISH_REASONS[int(reasons[i])],
                     weight_versions=spans,
                     replica=self.replica,
@@ -324,10 +325,17 @@ def _collect_and_release(state: SlotState) -> tuple[SlotState, tuple[jax.Array, 
     """Copy out the finished slots' rows and mark those slots free, in one compiled call.
 
     Returns the state and ``(done [B] bool, out_tokens [B, C], out_logprobs [B, C],
-    gen_len [B], reason [B])``; only rows with ``done`` are meaningful.
+    out_forced [B, C], gen_len [B], reason [B])``; only rows with ``done`` are meaningful.
     """
     done = state.active & state.finished
-    fetched = (done, state.out_tokens, state.out_logprobs, state.gen_len, state.reason)
+    fetched = (
+        done,
+        state.out_tokens,
+        state.out_logprobs,
+        state.out_forced,
+        state.gen_len,
+        state.reason,
+    )
     fetched = jax.tree.map(jnp.copy, fetched)  # outputs must not alias the donated state
     released = dataclasses.replace(
         state, active=state.active & ~done, finished=state.finished & ~done

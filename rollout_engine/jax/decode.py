@@ -82,6 +82,7 @@ def decode_step(
         max_new=state.max_new,
         out_tokens=state.out_tokens.at[rows, col].set(d.tokens, mode="drop"),
         out_logprobs=state.out_logprobs.at[rows, col].set(d.logprobs, mode="drop"),
+        out_forced=state.out_forced.at[rows, col].set(d.forced, mode="drop"),
         finished=state.finished | ended,
         reason=jnp.where(ended, d.reason, state.reason),
         think_done=jnp.where(running, d.think_done, state.think_done),

@@ -73,6 +73,7 @@ def first_tokens(
     )
     out_t = jnp.full((n, capacity), stops.pad_id, jnp.int32).at[:, 0].set(d.tokens)
     out_lp = jnp.zeros((n, capacity), jnp.float32).at[:, 0].set(d.logprobs)
+    out_forced = jnp.zeros((n, capacity), bool).at[:, 0].set(d.forced)
     new = SlotState(
         cache=type(pre.cache)(k=(), v=()),
         last=d.tokens,
@@ -81,6 +82,7 @@ def first_tokens(
         max_new=max_new,
         out_tokens=out_t,
         out_logprobs=out_lp,
+        out_forced=out_forced,
         finished=d.reason != RUNNING,
         reason=d.reason,
         think_done=d.think_done,

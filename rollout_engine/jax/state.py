@@ -26,8 +26,11 @@ class SlotState:
         last: ``[B]`` int32, the last emitted token, fed at the next step (not yet in the cache).
         pos: ``[B]`` int32, the position of ``last`` (prompt length + completion tokens - 1).
         gen_len: ``[B]`` int32, completion tokens emitted so far.
-        max_new: ``[B]`` int32, completion tokens allowed (the last one is a forced EOS).
+        max_new: ``[B]`` int32, completion tokens allowed (the sample ends with reason "length"
+            at token number ``max_new`` unless it emitted an EOS first).
         out_tokens: ``[B, C]`` int32 and out_logprobs ``[B, C]`` float32, the completion so far.
+        out_forced: ``[B, C]`` bool, completion tokens the engine wrote without sampling them
+            (the end-of-think phrase); they are kept out of the loss.
         finished: ``[B]`` bool, the sample ended (by EOS or length) and waits to be collected.
         reason: ``[B]`` int32, see ``stops.RUNNING / STOP_EOS / STOP_LENGTH``.
         think_done: ``[B]`` bool; history ``[B, M]`` int32, the last M emitted tokens.
@@ -43,6 +46,7 @@ class SlotState:
     max_new: jax.Array
     out_tokens: jax.Array
     out_logprobs: jax.Array
+    out_forced: jax.Array
     finished: jax.Array
     reason: jax.Array
     think_done: jax.Array
@@ -103,6 +107,7 @@ def init_slots(
         max_new=jnp.ones(b, jnp.int32),
         out_tokens=jnp.full((b, capacity), pad_id, jnp.int32),
         out_logprobs=jnp.zeros((b, capacity), jnp.float32),
+        out_forced=jnp.zeros((b, capacity), bool),
         finished=jnp.zeros(b, bool),
         reason=zeros(),
         think_done=jnp.zeros(b, bool),

@@ -1,4 +1,4 @@
-"""Stop rules of one decode step: EOS, forced EOS at the length limit, forced end of thinking.
+"""Stop rules of one decode step: EOS, the length limit, forced end of thinking.
 
 Legend: B batch (rows), M length of the end-of-think marker.
 
@@ -6,8 +6,14 @@ All functions are pure and shape-static so they run inside the compiled decode s
 ``gen_len`` is the number of completion tokens it emitted before the token being decided now, so
 the token decided now is completion token number ``gen_len + 1`` (1-based). The rules, after the
 seed write-up "Async RL in Pure JAX" (``_maybe_force_eot`` then ``_maybe_force_eos``), with three
-changes: several EOS ids; a sampled EOS at the last allowed position keeps its real log-prob; the
-end-of-think marker may span several tokens and is matched on the emitted tokens.
+changes: several EOS ids; at the length limit the sampled token is kept with its log-prob and the
+sample ends with reason "length", as vLLM does (the seed swaps it for a forced EOS with log-prob
+0, a token the policy never sampled that the loss would then train on); the end-of-think marker
+may span several tokens and is matched on the emitted tokens.
+
+The only tokens an engine writes without sampling them are those of the end-of-think phrase at a
+reasoning budget. `StepDecision.forced` marks them; they travel to the trainer as
+``Completion.forced_positions`` and are masked out of the loss (`trainer.batch.build_rl_batch`).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 RUNNING, STOP_EOS, STOP_LENGTH = 0, 1, 2
-"""Finish reasons stored per row: still running, the model emitted an EOS, forced at the limit."""
+"""Finish reasons stored per row: still running, the model emitted an EOS, the length limit."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +33,7 @@ class StopConfig:
     """Static stop settings (hashable; part of the compiled decode step's signature).
 
     Attributes:
-        eos_ids: token ids that end a sample; ``eos_ids[0]`` is the one forced at the length limit.
+        eos_ids: token ids that end a sample.
         pad_id: token written (with log-prob 0) for rows that already finished.
         think_phrase: token ids inserted so that the phrase's last token is completion token number
             ``think_budget``; empty means no reasoning budget.
@@ -86,6 +92,7 @@ class StepDecision(NamedTuple):
     reason: jax.Array  # [B] int32 in {RUNNING, STOP_EOS, STOP_LENGTH}
     think_done: jax.Array  # [B] bool, thinking has ended (by the model or by the phrase)
     history: jax.Array  # [B, M] int32, the last M emitted tokens, oldest first
+    forced: jax.Array  # [B] bool, the engine wrote the token without sampling it (think phrase)
 
 
 def eos_mask(tokens: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
@@ -101,7 +108,7 @@ def force_end_of_think(
     *,
     phrase: tuple[int, ...],
     budget: int,
-) -> tuple[jax.Array, jax.Array]:
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Overwrite the token with the phrase token due at this position, for rows still thinking.
 
     Phrase token ``t`` (0-based, ``L = len(phrase)``) goes where ``gen_len == budget - L + t``, so
@@ -113,7 +120,8 @@ def force_end_of_think(
         think_done: ``[B]`` bool, thinking already ended before this step.
 
     Returns:
-        ``(tokens, logprobs)``, forced entries with log-prob 0.
+        ``(tokens, logprobs, forced)``: forced entries with log-prob 0, and ``forced`` ``[B]`` bool
+        marking them (they are masked out of the loss).
     """
     offset = gen_len - (budget - len(phrase))  # [B] index into the phrase when in [0, L)
     in_window = (offset >= 0) & (offset < len(phrase)) & ~think_done
@@ -121,7 +129,7 @@ def force_end_of_think(
     forced = phrase_arr[jnp.clip(offset, 0, len(phrase) - 1)]
     tokens = jnp.where(in_window, forced, tokens)
     logprobs = jnp.where(in_window, jnp.float32(0.0), logprobs)
-    return tokens, logprobs
+    return tokens, logprobs, in_window
 
 
 def decide(
@@ -138,9 +146,10 @@ def decide(
     """Apply every stop rule to the sampled tokens of one step.
 
     Order: rows already ``finished`` emit ``pad_id`` with log-prob 0 and keep their state; then the
-    end-of-think phrase; then EOS; then the length limit, which wins over everything: the token
-    that is completion token number ``max_new`` becomes ``eos_ids[0]`` with log-prob 0, unless it
-    already is an EOS the model sampled (then it keeps its log-prob and the reason is EOS).
+    end-of-think phrase (forced tokens, log-prob 0, ``forced`` set); then EOS; then the length
+    limit: completion token number ``max_new`` ends the row with reason ``STOP_LENGTH`` and keeps
+    the token and log-prob it has (sampled, or forced by the phrase), unless it is an EOS (then
+    the reason is EOS). No token is ever replaced at the limit.
 
     Args:
         tokens: ``[B]`` int32 sampled tokens; logprobs: ``[B]`` float32 their log-probs.
@@ -161,20 +170,19 @@ def decide(
         )
     tokens = tokens.astype(jnp.int32)
     logprobs = logprobs.astype(jnp.float32)
+    forced = jnp.zeros(tokens.shape, bool)
     if cfg.has_budget:
         assert cfg.think_budget is not None
-        tokens, logprobs = force_end_of_think(
+        tokens, logprobs, forced = force_end_of_think(
             tokens, logprobs, gen_len, think_done, phrase=cfg.think_phrase, budget=cfg.think_budget
         )
     is_eos = eos_mask(tokens, cfg.eos_ids)
     at_limit = gen_len + 1 >= max_new
-    force_eos = at_limit & ~is_eos
-    tokens = jnp.where(force_eos, jnp.int32(cfg.eos_ids[0]), tokens)
-    logprobs = jnp.where(force_eos, jnp.float32(0.0), logprobs)
-    reason = jnp.where(is_eos, STOP_EOS, jnp.where(force_eos, STOP_LENGTH, RUNNING))
+    reason = jnp.where(is_eos, STOP_EOS, jnp.where(at_limit, STOP_LENGTH, RUNNING))
 
     tokens = jnp.where(finished, jnp.int32(cfg.pad_id), tokens)
     logprobs = jnp.where(finished, jnp.float32(0.0), logprobs)
+    forced = forced & ~finished
     reason = jnp.where(finished, RUNNING, reason).astype(jnp.int32)
 
     new_history = jnp.concatenate([history[:, 1:], tokens[:, None]], axis=1)
@@ -183,4 +191,4 @@ def decide(
         marker = jnp.asarray(cfg.think_marker, dtype=jnp.int32)
         ended = jnp.all(new_history == marker[None, :], axis=1) & ~finished
         think_done = think_done | ended
-    return StepDecision(tokens, logprobs, reason, think_done, new_history)
+    return StepDecision(tokens, logprobs, reason, think_done, new_history, forced)

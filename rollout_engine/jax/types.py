@@ -20,7 +20,7 @@ class Request:
         prompt_id: identifies the prompt in the results; unique among requests in flight.
         prompt: the prompt token ids (at least one).
         num_samples: G, the completions wanted.
-        max_new_tokens: completion tokens allowed per sample, the forced EOS included.
+        max_new_tokens: completion tokens allowed per sample (the last one included).
         seed: seeds the samples' keys; defaults to a hash of ``prompt_id``. Sample g of a request
             draws the same tokens whatever slot, replica or batch it runs in.
     """
@@ -59,9 +59,13 @@ class SampleResult:
 
     Attributes:
         prompt_id, sample_index: which request and which of its G samples.
-        tokens: ``[n]`` int32 completion ids (the last is an EOS id). logprobs: ``[n]`` float32,
-            each token's log-prob under the sampling distribution (0 for forced tokens).
-        finish_reason: "stop" (the model emitted an EOS) or "length" (EOS forced at the limit).
+        tokens: ``[n]`` int32 completion ids (the last is an EOS id, or the token sampled at the
+            length limit). logprobs: ``[n]`` float32, each token's log-prob under the sampling
+            distribution (0 for forced tokens).
+        finish_reason: "stop" (the model emitted an EOS) or "length" (``max_new_tokens`` reached;
+            the last token is the one sampled there, with its log-prob, as vLLM does).
+        forced_positions: indices into ``tokens`` of the tokens the engine wrote without sampling
+            them (the end-of-think phrase at a reasoning budget), ascending; kept out of the loss.
         weight_versions: ``(version, start, end)`` spans: tokens ``[start, end)`` were sampled
             with ``version`` (token 0 comes from the prefill). The KV cache of earlier tokens is
             kept across a switch, not recomputed.
@@ -75,6 +79,7 @@ class SampleResult:
     finish_reason: str
     weight_versions: list[tuple[int, int, int]]
     replica: int = 0
+    forced_positions: tuple[int, ...] = ()
 
     @property
     def versions(self) -> tuple[int, ...]:

@@ -1,5 +1,7 @@
 """Bad input gets a status naming what was expected and what came; the server keeps serving."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -85,6 +87,18 @@ def test_bad_groups_change_nothing(server):
         (m.RolloutGroup("p1", (_completion(), _completion(n=5))), "at most max_new_tokens=4"),
         (m.RolloutGroup("p1", (_completion(), _completion(lps=[0.5, -1]))), "log-probs <= 0"),
         (m.RolloutGroup("p1", (_completion(), _completion(v1=3))), "<= 0 (the current version)"),
+        (
+            m.RolloutGroup(
+                "p1", (_completion(), dataclasses.replace(_completion(), forced_positions=(1, 1)))
+            ),
+            "expected forced_positions ascending, unique and in [0, 2)",
+        ),
+        (
+            m.RolloutGroup(
+                "p1", (_completion(), dataclasses.replace(_completion(), forced_positions=(2,)))
+            ),
+            "expected forced_positions ascending, unique and in [0, 2)",
+        ),
         (m.RolloutGroup("zz", (_completion(), _completion())), "got one outside it"),
         (good, "expected once per return, got it twice"),
     ]

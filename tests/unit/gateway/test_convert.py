@@ -1,5 +1,7 @@
 """Client dataclasses survive the trip through the protos exactly; bad values are refused."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -42,6 +44,9 @@ def test_completion_round_trip_is_exact_in_float32():
     assert (back.finish_reason, back.version_start, back.version_end) == ("abort", 2, 3)
     assert back.version_spans == ((2, 0, 1), (3, 1, 4))
     assert (back.first_token_s, back.generation_s) == (0.5, 1.25)
+    assert back.forced_positions == ()
+    forced = dataclasses.replace(c, forced_positions=(1, 2))
+    assert cv.completion_from_pb(cv.completion_to_pb(forced)).forced_positions == (1, 2)
 
 
 def test_unknown_finish_reason_is_refused():

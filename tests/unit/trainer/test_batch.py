@@ -100,6 +100,26 @@ def test_build_rl_batch_exact_arrays():
     )
 
 
+def test_forced_tokens_are_kept_out_of_the_loss_mask():
+    """An engine-forced token (an end-of-think phrase) is input and target like any other, but
+    the loss never counts it: the policy did not choose it."""
+    group = RolloutGroup(
+        "t",
+        [5, 6],
+        [
+            Completion([7, 60, 61, 9], [-0.3, 0.0, 0.0, -0.7], "length", 0, 0, 1.0, None, [1, 2]),
+            Completion([8, 2], [-0.2, -0.4], "stop", 0, 0, reward=0.0),
+        ],
+    )
+    batch = build_rl_batch([group])
+    np.testing.assert_array_equal(batch.tokens[0, :6], [5, 6, 7, 60, 61, 9])
+    np.testing.assert_array_equal(batch.loss_mask[0], [0, 1, 0, 0, 1, 0, 0, 0])
+    np.testing.assert_array_equal(batch.loss_mask[1], [0, 1, 1, 0, 0, 0, 0, 0])
+    np.testing.assert_allclose(batch.sampler_logprobs[0, :5], [0, -0.3, 0, 0, -0.7])
+    with pytest.raises(ValueError, match="forced_positions must index the 2 completion tokens"):
+        Completion([8, 2], [-0.2, -0.4], "stop", 0, 0, forced_positions=[2])
+
+
 def test_dr_grpo_advantages_buckets_and_pad_id():
     batch = build_rl_batch(_groups(), normalize_std=False, buckets=(6, 16), pad_id=1)
     assert batch.length == 6

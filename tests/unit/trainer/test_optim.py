@@ -1,5 +1,6 @@
 """The optimizer against Adam worked out by hand, its schedule, and gradient accumulation."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -58,3 +59,20 @@ def test_bad_config_raises():
         OptimizerConfig(warmup_steps=5, total_steps=2)
     with pytest.raises(ValueError, match="grad_accum_steps"):
         OptimizerConfig(grad_accum_steps=0)
+    with pytest.raises(ValueError, match="learning_rate must be >= 0; got -1e-06"):
+        OptimizerConfig(learning_rate=-1e-6)
+
+
+def test_zero_learning_rate_keeps_the_weights_exactly():
+    """lr = 0 is a real experiment (the engine-trainer mismatch at fixed weights): every update
+    is exactly zero, weight decay included."""
+    cfg = OptimizerConfig(learning_rate=0.0, total_steps=10, weight_decay=0.1, warmup_steps=2)
+    tx = make_optimizer(cfg)
+    params = {"w": jnp.array([[1.0, -2.0], [0.5, 3.0]]), "b": jnp.array([0.25])}
+    state = tx.init(params)
+    for g in (1.0, -3.0, 7.0):
+        grads = jax.tree.map(lambda p, g=g: jnp.full_like(p, g), params)
+        updates, state = tx.update(grads, state, params)
+        new = optax.apply_updates(params, updates)
+        for key in params:
+            np.testing.assert_array_equal(new[key], params[key])

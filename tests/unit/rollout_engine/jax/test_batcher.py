@@ -61,11 +61,14 @@ def test_every_sample_returned_exactly_once_across_carried_over_batches(tiny) ->
     for r in results:
         n = len(r.tokens)
         assert 1 <= n <= limits[r.prompt_id]
-        assert r.tokens[-1] == EOS and EOS not in r.tokens[:-1].tolist()
-        assert r.finish_reason == (
-            "length" if r.logprobs[-1] == 0.0 and n == limits[r.prompt_id] else "stop"
-        )
-        assert np.all(r.logprobs[:-1] < 0.0)
+        assert EOS not in r.tokens[:-1].tolist()
+        if r.finish_reason == "stop":
+            assert r.tokens[-1] == EOS
+        else:  # the limit keeps the token sampled there (no forced EOS)
+            assert (r.finish_reason, n) == ("length", limits[r.prompt_id])
+            assert r.tokens[-1] != EOS
+        assert np.all(r.logprobs < 0.0)  # every token was sampled, the last one included
+        assert r.forced_positions == ()
         assert r.weight_versions == [(0, 0, n)]
     # prompts of up to 29 tokens: buckets 16 and 32; prompt batches of at most 3 -> P in {1, 2, 4}
     assert {t for _, t in b.prefiller.buckets} <= {16, 32}
@@ -142,13 +145,20 @@ def test_reasoning_budget_inserts_the_phrase_in_the_engine(tiny) -> None:
     b.submit([Request(i, (3, 4, 5 + i), num_samples=2, max_new_tokens=10) for i in range(3)])
     results = b.run_until_idle()
     assert len(results) == 6
+    inserted = 0
     for r in results:
         toks = r.tokens.tolist()
-        if 62 in toks[:3]:  # ended its thinking by itself: left alone
+        if 62 in toks[:3]:  # ended its thinking by itself: left alone, nothing forced
+            assert r.forced_positions == ()
             continue
+        inserted += 1
         assert toks[3:6] == list(phrase)
         np.testing.assert_array_equal(r.logprobs[3:6], np.zeros(3, np.float32))
-        assert len(toks) == 10 and r.finish_reason == "length"
+        # exactly the phrase is reported forced (the trainer masks it out of the loss)
+        assert r.forced_positions == (3, 4, 5)
+        if r.finish_reason == "length":
+            assert len(toks) == 10 and r.logprobs[9] < 0.0  # sampled at the limit
+    assert inserted > 0
 
 
 def test_bounded_decode_attention_gives_the_unbounded_samples(tiny) -> None:

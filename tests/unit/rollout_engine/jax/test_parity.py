@@ -66,11 +66,12 @@ def test_greedy_equals_transformers_token_for_token(checkpoint) -> None:
         (i, g) for i in range(3) for g in range(2)
     ]
     for i, prompt in enumerate(PROMPTS):
-        expected = _hf_greedy(hf, prompt, NEW)
+        expected = _hf_greedy(hf, prompt, NEW + 1)
         for r in results[2 * i : 2 * i + 2]:
-            assert r.tokens[:NEW].tolist() == expected
-            assert r.tokens[NEW] == VOCAB and r.finish_reason == "length"
-            assert r.logprobs[NEW] == 0.0
+            # the EOS id is outside the vocabulary: every sample runs to the limit, and the
+            # token at the limit is the greedy one (not a forced EOS)
+            assert r.tokens.tolist() == expected
+            assert r.finish_reason == "length" and r.forced_positions == ()
 
 
 @pytest.mark.parametrize(
@@ -96,12 +97,11 @@ def test_sampled_logprobs_equal_a_full_forward_recomputation(checkpoint, samplin
     full = jax.jit(lambda p, t: nnx.merge(graphdef, p)(t, positions)[0])(params, batch)
     for i, r in enumerate(results):
         start = len(PROMPTS[r.prompt_id]) - 1
-        n = len(r.tokens) - 1  # the last token is the forced EOS, log-prob 0
+        n = len(r.tokens)  # every token was sampled, the last one (EOS or at the limit) too
         tail = full[i, start : start + n] / sampling.temperature  # [n, V]
         tail = truncate_logits(tail, top_k=sampling.top_k, top_p=sampling.top_p)
         ref = jax.nn.log_softmax(tail, axis=-1)
         recomputed = np.asarray(ref[jnp.arange(n), r.tokens[:n]])
-        np.testing.assert_allclose(r.logprobs[:n], recomputed, rtol=0, atol=1e-4)
-        assert r.logprobs[n] == 0.0
+        np.testing.assert_allclose(r.logprobs, recomputed, rtol=0, atol=1e-4)
     # distinct keys per sample: the three samples of a prompt differ
     assert len({tuple(r.tokens.tolist()) for r in results[:3]}) == 3
