@@ -138,18 +138,13 @@ def _greedy(prefix: str, version: int) -> list[m.Prompt]:
     ]
 
 
-def _real_tokens(c: m.Completion, forced_eos: bool) -> int:
-    """How many leading tokens the model sampled itself: the JAX engine forces an EOS (log-prob
-    0) as the last token of a sample that reaches `max_new_tokens`."""
-    return len(c.token_ids) - 1 if forced_eos and c.finish_reason == "length" else len(c.token_ids)
-
-
-def _check_greedy(groups, prefix: str, refs, version: int, forced_eos: bool) -> None:
+def _check_greedy(groups, prefix: str, refs, version: int) -> None:
+    """Every engine samples each token, the one at the length limit included (no forced EOS)."""
     for i, ref in enumerate(refs):
         (c,) = groups[f"{prefix}{i}"].completions
         assert c.finish_reason == "length" and len(c.token_ids) == N_GREEDY, c
-        n = _real_tokens(c, forced_eos)
-        assert c.token_ids[:n].tolist() == ref[:n], (c.token_ids.tolist(), ref)
+        assert c.token_ids.tolist() == ref[:N_GREEDY], (c.token_ids.tolist(), ref)
+        assert c.forced_positions == ()
         assert (c.version_start, c.version_end) == (version, version)
 
 
@@ -167,7 +162,7 @@ def _push_b(trainer, models, family: str = "llama", version: int = 1, tp_shards:
     return stats
 
 
-def _check_sampled_logprobs(trainer, decoder, forced_eos: bool) -> None:
+def _check_sampled_logprobs(trainer, decoder) -> None:
     sampling = m.SamplingParams(temperature=TEMPERATURE, max_new_tokens=10, seed=7)
     prompts = [
         m.Prompt(f"s{i}", np.asarray(p, np.int32), 2, sampling, min_version=1)
@@ -179,8 +174,8 @@ def _check_sampled_logprobs(trainer, decoder, forced_eos: bool) -> None:
         for c in groups[f"s{i}"].completions:
             assert c.finish_reason != "abort", "the engine refused the prompt (see its log)"
             assert (c.version_start, c.version_end) == (1, 1)
-            n = _real_tokens(c, forced_eos)
-            seq = jnp.asarray([p + c.token_ids[:n].tolist()], jnp.int32)
+            n = len(c.token_ids)  # every token sampled, the last one too
+            seq = jnp.asarray([p + c.token_ids.tolist()], jnp.int32)
             positions = jnp.arange(seq.shape[1], dtype=jnp.int32)[None]
             logits, _ = decoder(seq, positions)
             logp = jax.nn.log_softmax(logits[0, len(p) - 1 : -1] / TEMPERATURE, axis=-1)
@@ -194,10 +189,10 @@ def test_vllm_engine_serves_b_after_a_push_over_gloo(tmp_path, models):
     with stack(tmp_path, models["A"], ["--backend", "vllm", "--vllm-max-model-len", "128"]) as (
         trainer, _, _,
     ):  # fmt: skip
-        _check_greedy(_submit(trainer, _greedy("a", 0)), "a", models["ref_a"], 0, False)
+        _check_greedy(_submit(trainer, _greedy("a", 0)), "a", models["ref_a"], 0)
         _push_b(trainer, models)
-        _check_greedy(_submit(trainer, _greedy("b", 1)), "b", models["ref_b"], 1, False)
-        _check_sampled_logprobs(trainer, models["decoder_b"], False)
+        _check_greedy(_submit(trainer, _greedy("b", 1)), "b", models["ref_b"], 1)
+        _check_sampled_logprobs(trainer, models["decoder_b"])
 
 
 JAX_ARGS = ["--backend", "jax", "--jax-num-slots", "8", "--jax-max-model-len", "64"]
@@ -206,16 +201,16 @@ JAX_ARGS += ["--jax-prefill-batch", "4", "--jax-steps-per-call", "8"]
 
 def test_jax_engine_greedy_equals_transformers_after_a_push(tmp_path, models):
     with stack(tmp_path, models["A"], [*JAX_ARGS, "--jax-temperature", "0"]) as (trainer, _, _):
-        _check_greedy(_submit(trainer, _greedy("a", 0)), "a", models["ref_a"], 0, True)
+        _check_greedy(_submit(trainer, _greedy("a", 0)), "a", models["ref_a"], 0)
         _push_b(trainer, models)
-        _check_greedy(_submit(trainer, _greedy("b", 1)), "b", models["ref_b"], 1, True)
+        _check_greedy(_submit(trainer, _greedy("b", 1)), "b", models["ref_b"], 1)
 
 
 def test_jax_engine_sampled_logprobs_match_after_a_push(tmp_path, models):
     args = [*JAX_ARGS, "--jax-temperature", str(TEMPERATURE)]
     with stack(tmp_path, models["A"], args, sigterm=True) as (trainer, _, _):
         _push_b(trainer, models)
-        _check_sampled_logprobs(trainer, models["decoder_b"], True)
+        _check_sampled_logprobs(trainer, models["decoder_b"])
 
 
 @pytest.fixture(scope="module")
@@ -249,12 +244,12 @@ def test_vllm_tp2_engine_receives_only_its_shards_from_fsdp_params(tmp_path, qwe
     models = qwen2_models
     with stack(tmp_path, models["A"], args, family="qwen2", env=env) as (trainer, _, _):
         assert trainer.status().engines[0].tp_size == 2
-        _check_greedy(_submit(trainer, _greedy("a", 0)), "a", models["ref_a"], 0, False)
+        _check_greedy(_submit(trainer, _greedy("a", 0)), "a", models["ref_a"], 0)
         stats = _push_b(trainer, models, "qwen2")
         assert stats.tp_size == 2
-        _check_greedy(_submit(trainer, _greedy("b", 1)), "b", models["ref_b"], 1, False)
-        _check_sampled_logprobs(trainer, models["decoder_b"], False)
+        _check_greedy(_submit(trainer, _greedy("b", 1)), "b", models["ref_b"], 1)
+        _check_sampled_logprobs(trainer, models["decoder_b"])
         back = {"cfg_b": models["cfg_a"], "decoder_b": models["decoder_a"]}
         stats = _push_b(trainer, back, "qwen2", version=2, tp_shards=False)
         assert stats.tp_size == 1
-        _check_greedy(_submit(trainer, _greedy("a2-", 2)), "a2-", models["ref_a"], 2, False)
+        _check_greedy(_submit(trainer, _greedy("a2-", 2)), "a2-", models["ref_a"], 2)

@@ -32,7 +32,7 @@ from trainer.sharding import make_mesh
 VOCAB = 320
 EOS = 319  # in the vocabulary; no greedy run below meets it before the budget (checked)
 PROMPTS = [(5, 17, 230, 44, 9), tuple(range(40, 51)), (7, 300, 12, 88, 91, 150, 3)]
-BUDGET = 17  # 16 greedy tokens, then the forced EOS
+BUDGET = 17  # tokens per sample; the first 16 are checked against the reference
 WIDTH = 32  # the reference's fixed sequence width: >= longest prompt + BUDGET
 
 
@@ -231,5 +231,7 @@ def test_backend_target_follows_the_version_and_never_aliases(setup, tiny_checkp
 
     tokens, spans = asyncio.run(run())
     want = _greedy_reference(cfg, {k: np.asarray(v) for k, v in flat.items()})[0]
-    assert tokens[:-1] == want[: len(tokens) - 1]  # the last one is an EOS (sampled or forced)
+    assert (
+        tokens[:-1] == want[: len(tokens) - 1]
+    )  # the last one ends the sample (an EOS or the token at the limit)
     assert [(s.version, s.start, s.end) for s in spans] == [(3, 0, len(tokens))]
