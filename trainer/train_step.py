@@ -199,7 +199,9 @@ class TrainStep:
 
         `state` is donated: use the returned one. Returns the new state and host floats:
         ``loss``, ``pg_loss``, ``kl``, ``grad_norm`` (before clipping), ``clip_fraction``,
-        ``ratio_mean`` (token-weighted over micro-batches), ``num_tokens`` (masked tokens).
+        ``ratio_mean`` and ``sampler_kl`` (the k3 estimate of KL(pi_sampler || pi_theta) over
+        masked tokens, the engine-trainer gap; both token-weighted over micro-batches),
+        ``num_tokens`` (masked tokens).
 
         Raises:
           ValueError: if B is not divisible by micro_batches * dp * fsdp, or the loss has a KL
@@ -264,11 +266,12 @@ class TrainStep:
                 "clip_fraction": totals["clip_fraction"] + m["clip_fraction"] * n,
                 "ratio_mean": totals["ratio_mean"] + m["ratio_mean"] * n,
                 "kl": totals["kl"] + m["kl"] * n,
+                "sampler_kl": totals["sampler_kl"] + m["sampler_kl"] * n,
             }
             return (grads, totals), None
 
         zeros = jax.tree.map(jnp.zeros_like, state.params)
-        names = ("loss", "pg_loss", "num_tokens", "clip_fraction", "ratio_mean", "kl")
+        names = ("loss", "pg_loss", "num_tokens", "clip_fraction", "ratio_mean", "kl", "sampler_kl")
         init = (zeros, {k: jnp.zeros((), jnp.float32) for k in names})
         (grads, totals), _ = jax.lax.scan(body, init, micro)
         tokens = jnp.maximum(totals["num_tokens"], 1.0)
@@ -281,6 +284,7 @@ class TrainStep:
             "grad_norm": optax.tree.norm(grads),
             "clip_fraction": totals["clip_fraction"] / tokens,
             "ratio_mean": totals["ratio_mean"] / tokens,
+            "sampler_kl": totals["sampler_kl"] / tokens,
             "num_tokens": totals["num_tokens"],
         }
         return TrainState(params, opt_state, state.step + 1), metrics

@@ -41,5 +41,9 @@ def test_ratio_is_one_at_fixed_weights(tmp_path, backend):
     ratios = [r["train/ratio_mean"] for r in rows]
     worst = max(abs(x - 1.0) for x in ratios)
     assert worst < RATIO_TOL, ratios
+    # the gap as a divergence: KL(sampler || trainer) per token, ~ (log-prob gap)^2 / 2
+    assert all(0 <= r["train/sampler_kl"] < 1e-6 for r in rows), [
+        r["train/sampler_kl"] for r in rows
+    ]
     # samples that ran to the length limit were trained on, their last token included
     assert sum(r["completions_at_length_limit"] for r in rows) > 0

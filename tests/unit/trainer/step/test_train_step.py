@@ -61,7 +61,7 @@ def test_sharded_step_equals_single_device(model_factory, batch_source):
         )
     for ours, theirs in zip(hist, ref_hist, strict=True):
         assert ours["num_tokens"] == theirs["num_tokens"]
-        for key in ("loss", "grad_norm", "clip_fraction", "ratio_mean"):
+        for key in ("loss", "grad_norm", "clip_fraction", "ratio_mean", "sampler_kl"):
             assert ours[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-6), key
     # Optimizer moments follow the params' placement.
     mu = state.opt_state[1][0].mu["layers.0.mlp.up.kernel"]
@@ -88,6 +88,9 @@ def test_loss_equals_naive_path_and_update_raises_objective(model_factory, batch
     assert metrics["loss"] == pytest.approx(float(expected.loss), rel=1e-5)
     assert metrics["ratio_mean"] == pytest.approx(float(expected.metrics["ratio_mean"]), rel=1e-5)
     assert metrics["clip_fraction"] == pytest.approx(float(expected.metrics["clip_fraction"]))
+    # the engine-trainer gap reaches the step's metrics (token-weighted over micro-batches)
+    assert metrics["sampler_kl"] == pytest.approx(float(expected.metrics["sampler_kl"]), rel=1e-4)
+    assert metrics["sampler_kl"] > 0
     assert metrics["grad_norm"] > 0
 
     after = naive(step.model(state))
