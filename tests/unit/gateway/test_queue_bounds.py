@@ -176,4 +176,5 @@ def test_status_at_every_bound_stays_under_a_quarter_of_the_largest_message(gw):
         )
     status = state.status()
     assert len(status.engines) == 1024 and len(status.metrics) == cfg.max_metric_sources
+    print("status bytes at every bound:", status.ByteSize())
     assert status.ByteSize() < cfg.max_message_bytes // 4, status.ByteSize()
