@@ -86,7 +86,7 @@ def _overrides(items: list[str]) -> dict[str, object]:
         try:
             out[name] = kind(value)
         except ValueError:
-            raise SystemExit(f"--set {name}: expected a {kind.__name__}, got {value!r}") from None
+            raise SystemExit(f"--set {name}: expected {kind.__name__}, got {value!r}") from None
     return out
 
 

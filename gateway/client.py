@@ -2,7 +2,12 @@
 
 No other code touches the raw gRPC stubs. Every call has a deadline (the call's own
 timeout plus `margin_s`); every failure raises `GatewayError` with the gRPC status code
-name and the server's message (see `gateway.errors`).
+name and the server's message (see `gateway.errors`). Any call may get INVALID_ARGUMENT for a
+field over the gateway's bounds (see gateway/README.md, "Bad input") and RESOURCE_EXHAUSTED
+when the gateway has no room for one more call; a call that would wait (lease, fetch, submit,
+wait-sync) gets RESOURCE_EXHAUSTED past the gateway's `max_long_polls`. Calls about an engine
+carry the engine key its registration returned (kept by the client that registered it, see
+`adopt_engine`); without it they get PERMISSION_DENIED.
 """
 
 from __future__ import annotations

@@ -248,8 +248,10 @@ class GatewayState(VersionsMixin):
 
         Raises:
             GatewayError: INVALID_ARGUMENT for max_prompts < 1 or a bad timeout; NOT_FOUND
-                for an unknown engine; FAILED_PRECONDITION while the engine holds no whole
-                weight version (a FAILED ack without `serving`, no LOADED since).
+                for an unknown engine; PERMISSION_DENIED without its engine key;
+                FAILED_PRECONDITION while the engine holds no whole weight version (a FAILED
+                ack without `serving`, no LOADED since); RESOURCE_EXHAUSTED when it would
+                wait past `max_long_polls`.
         """
         if req.max_prompts < 1:
             raise invalid(f"max_prompts: expected >= 1, got {req.max_prompts}")
