@@ -118,3 +118,22 @@ def test_an_unknown_long_id_is_shown_cut():
         assert err.value.message.startswith("engine id '" + "q" * 63 + "…(+138 chars)")
     finally:
         run.server.stop(0)
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(max_name_chars=63), "max_name_chars: expected >= 64"),
+        (
+            dict(max_param_bytes=(64 << 20) // 4 + 1),
+            "max_param_bytes: expected 0..max_message_bytes / 4",
+        ),
+        (dict(min_version_ahead=-1), "min_version_ahead: expected >= 0, got -1"),
+        (dict(max_metric_sources=0), "max_metric_sources: expected >= 1, got 0"),
+        (dict(max_long_polls=-1), "max_long_polls: expected >= 0 (0: derived), got -1"),
+    ],
+)
+def test_bounds_of_the_bounds(kw, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        GatewayConfig(**kw)
+    assert GatewayConfig().param_bytes_limit == 16 << 20
