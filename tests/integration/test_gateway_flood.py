@@ -49,7 +49,7 @@ N_CALLS = 10_000
 N_LONG_POLLS = 200  # among the N_CALLS
 N_WORKERS = 8
 LONG_POLL_CAP = 128
-HEARTBEAT_TIMEOUT_S = 3.0
+HEARTBEAT_TIMEOUT_S = 6.0  # 12 beats of 0.5 s: room for a loaded machine
 HUGE = 10_000_000  # characters of a "10 MB field"
 TRAINER_ONLY = {
     "Configure",
