@@ -33,7 +33,7 @@ class GatewayConfig:
     Attributes:
         lease_seconds: a lease expires this many seconds after it was granted (s, > 0).
         heartbeat_timeout_s: an engine silent for this long is dropped and its leases expire
-            at once (s, > 0). Any engine call counts as a heartbeat.
+            at once (s, > 0). Any call carrying the engine's engine_key counts as a heartbeat.
         heartbeat_interval_s: how often engines are told to heartbeat (s, 0 < it < timeout);
             0 means a third of the timeout.
         max_pending_prompts: most prompts waiting to be leased (>= 1).
