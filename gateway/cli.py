@@ -34,7 +34,19 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-pending", type=int, default=GatewayConfig.max_pending_prompts)
     serve.add_argument("--max-wait", type=float, default=GatewayConfig.max_wait_s)
     serve.add_argument("--max-message-mb", type=int, default=64)
-    serve.add_argument("--max-workers", type=int, default=64, help="threads serving calls")
+    serve.add_argument(
+        "--max-workers",
+        type=int,
+        default=GatewayConfig.max_concurrent_rpcs,
+        help="threads serving calls, and the most calls in progress at once",
+    )
+    serve.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="any other GatewayConfig field, e.g. --set max_name_chars=128 (repeatable)",
+    )
     serve.add_argument("--family", default="", help="the run's model family, if known now")
     serve.add_argument("--mapping", default="")
     serve.add_argument("--dtype", default="")
@@ -56,12 +68,35 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _overrides(items: list[str]) -> dict[str, object]:
+    """`FIELD=VALUE` strings as GatewayConfig keyword arguments, each VALUE of its field's type.
+
+    Raises:
+        SystemExit: an item is not FIELD=VALUE, names no field, or is of the wrong type.
+    """
+    import dataclasses
+
+    fields = {f.name: f for f in dataclasses.fields(GatewayConfig)}
+    out: dict[str, object] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or name not in fields or fields[name].type == "tuple[str, ...]":
+            raise SystemExit(f"--set: expected FIELD=VALUE for a GatewayConfig field, got {item!r}")
+        kind = {"int": int, "float": float, "str": str}[str(fields[name].type)]
+        try:
+            out[name] = kind(value)
+        except ValueError:
+            raise SystemExit(f"--set {name}: expected {kind.__name__}, got {value!r}") from None
+    return out
+
+
 def _serve(args: argparse.Namespace) -> int:
     from gateway.auth import load_tokens
     from gateway.server import GatewayServer
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
-    config = GatewayConfig(
+    flags = dict(
+        max_concurrent_rpcs=args.max_workers,
         lease_seconds=args.lease_seconds,
         heartbeat_timeout_s=args.heartbeat_timeout,
         heartbeat_interval_s=args.heartbeat_interval,
@@ -76,6 +111,7 @@ def _serve(args: argparse.Namespace) -> int:
         rendezvous_address=args.rendezvous,
         backends=tuple(b for b in args.backends.split(",") if b),
     )
+    config = GatewayConfig(**{**flags, **_overrides(args.set)})  # type: ignore[arg-type]
     server = GatewayServer(
         config,
         load_tokens(args.token_file),
@@ -83,7 +119,6 @@ def _serve(args: argparse.Namespace) -> int:
         port=args.port,
         cert_file=args.cert,
         key_file=args.key,
-        max_workers=args.max_workers,
     ).start()
     if args.port_file:
         tmp = args.port_file.with_suffix(".tmp")

@@ -2,7 +2,12 @@
 
 No other code touches the raw gRPC stubs. Every call has a deadline (the call's own
 timeout plus `margin_s`); every failure raises `GatewayError` with the gRPC status code
-name and the server's message (see `gateway.errors`).
+name and the server's message (see `gateway.errors`). Any call may get INVALID_ARGUMENT for a
+field over the gateway's bounds (see gateway/README.md, "Bad input") and RESOURCE_EXHAUSTED
+when the gateway has no room for one more call; a call that would wait (lease, fetch, submit,
+wait-sync) gets RESOURCE_EXHAUSTED past the gateway's `max_long_polls`. Calls about an engine
+carry the engine key its registration returned (kept by the client that registered it, see
+`adopt_engine`); without it they get PERMISSION_DENIED.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ class GatewayClient:
         self._metadata = ((METADATA_KEY, f"Bearer {token}"),)
         self.address = address
         self.margin_s = margin_s
+        self._engine_keys: dict[str, str] = {}
 
     @classmethod
     def from_token_file(
@@ -81,6 +87,14 @@ class GatewayClient:
             raise ValueError(f"role: expected one of {ROLES}, got {role!r}")
         certs = Path(ca_file).read_bytes() if ca_file is not None else None
         return cls(address, load_tokens(token_file)[role], root_certificates=certs, **kwargs)
+
+    def adopt_engine(self, engine_id: str, engine_key: str) -> None:
+        """Send `engine_key` (a `Registration.engine_key`) with this client's calls about
+        `engine_id`; `register_engine` does this for the engines it registers."""
+        self._engine_keys[engine_id] = engine_key
+
+    def _key(self, engine_id: str) -> str:
+        return self._engine_keys.get(engine_id, "")
 
     def close(self) -> None:
         """Close the channel."""
@@ -175,6 +189,7 @@ class GatewayClient:
         while True:
             reply = self._call("RegisterEngine", cv.spec_to_pb(spec))
             if reply.accepted:
+                self.adopt_engine(reply.engine_id, reply.engine_key)
                 return m.Registration(
                     engine_id=reply.engine_id,
                     settings=cv.settings_from_pb(reply.settings),
@@ -183,6 +198,7 @@ class GatewayClient:
                     heartbeat_interval_s=reply.heartbeat_interval_s,
                     heartbeat_timeout_s=reply.heartbeat_timeout_s,
                     lease_seconds=reply.lease_seconds,
+                    engine_key=reply.engine_key,
                 )
             if not reply.retry or time.monotonic() >= end:
                 raise RegistrationRefused(reply.refusal_reason, reply.retry)
@@ -202,6 +218,7 @@ class GatewayClient:
             active_prompts=active_prompts,
             wait_s=wait_s,
             known_target=known_target,
+            engine_key=self._key(engine_id),
         )
         reply = self._call("Heartbeat", request, wait_s)
         return m.Heartbeat(cv.sync_from_pb(reply.sync), reply.current_version, reply.shutting_down)
@@ -214,7 +231,10 @@ class GatewayClient:
         `backpressure`, `sync`, `shutting_down`).
         """
         request = gpb.LeaseRequest(
-            engine_id=engine_id, max_prompts=max_prompts, timeout_s=timeout_s
+            engine_id=engine_id,
+            max_prompts=max_prompts,
+            timeout_s=timeout_s,
+            engine_key=self._key(engine_id),
         )
         reply = self._call("LeasePrompts", request, timeout_s)
         return m.Lease(
@@ -241,6 +261,7 @@ class GatewayClient:
             lease_id=lease_id,
             groups=[cv.group_to_pb(g) for g in groups],
             released_sample_ids=list(released_sample_ids),
+            engine_key=self._key(engine_id),
         )
         r = self._call("ReturnRollouts", request)
         return m.ReturnResult(r.accepted, r.dropped, r.dropped_reason, r.released)
@@ -280,17 +301,22 @@ class GatewayClient:
             phase=cv.PHASE_TO_PB[phase],
             error=error,
             serving=serving,
+            engine_key=self._key(engine_id),
         )
         return cv.sync_from_pb(self._call("AckVersion", request).sync)
 
     def deregister(self, engine_id: str) -> int:
         """[engine] Leave; returns how many leased prompts went back to the queue."""
-        return self._call("Deregister", gpb.DeregisterRequest(engine_id=engine_id)).returned_prompts
+        request = gpb.DeregisterRequest(engine_id=engine_id, engine_key=self._key(engine_id))
+        return self._call("Deregister", request).returned_prompts
 
     # ----- both -----
     def report_metrics(self, source: str, step: int, values: Mapping[str, float]) -> None:
-        """[any] Record named scalars (the latest per source shows in the status)."""
-        request = gpb.MetricsRequest(source=source, step=step, values=dict(values))
+        """[any] Record named scalars (the latest per source shows in the status). With an
+        engine id this client registered as `source`, the report is also its heartbeat."""
+        request = gpb.MetricsRequest(
+            source=source, step=step, values=dict(values), engine_key=self._key(source)
+        )
         self._call("ReportMetrics", request)
 
     def status(self) -> gpb.StatusReply:

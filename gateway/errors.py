@@ -36,3 +36,23 @@ class GatewayError(Exception):
 def invalid(message: str) -> GatewayError:
     """Shorthand for an INVALID_ARGUMENT error with `message`."""
     return GatewayError(INVALID_ARGUMENT, message)
+
+
+SHOWN_CHARS = 64  # longest piece of a caller's input a message repeats
+MAX_MESSAGE_CHARS = 1000  # longest refusal message sent back (well under 1 KB)
+
+
+def shown(value: object) -> str:
+    """`repr(value)`, cut to `SHOWN_CHARS` characters with the count of those left out, e.g.
+    `'aaaa…'(+999960 chars)`: a refusal repeats at most this much of what a caller sent."""
+    text = repr(value)
+    if len(text) <= SHOWN_CHARS:
+        return text
+    return f"{text[:SHOWN_CHARS]}…(+{len(text) - SHOWN_CHARS} chars)"
+
+
+def clip(message: str) -> str:
+    """`message` cut to `MAX_MESSAGE_CHARS` characters (the last one '…' when cut)."""
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    return message[: MAX_MESSAGE_CHARS - 1] + "…"

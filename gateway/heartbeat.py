@@ -8,11 +8,14 @@ NOT_FOUND means the gateway dropped the engine (register again).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 from gateway import messages as m
 from gateway.client import GatewayClient
-from gateway.errors import NOT_FOUND, GatewayError
+from gateway.errors import NOT_FOUND, RESOURCE_EXHAUSTED, GatewayError
+
+_BUSY_RETRY_S = 0.1  # a heartbeat the gateway was too busy to admit is retried this soon
 
 
 class HeartbeatThread:
@@ -26,8 +29,12 @@ class HeartbeatThread:
         on_sync: called from the thread, once per new target version, as soon as the trainer
             publishes it (the engine's cue to reach a safe point and load it).
 
-    A failed heartbeat is kept in `error` and retried at the next tick; a NOT_FOUND (the
-    gateway dropped the engine) or a shutting-down answer stops the thread.
+    A failed heartbeat is kept in `error` and retried at the next tick (after 0.1 s for a
+    RESOURCE_EXHAUSTED: the gateway had no room for one more call); a NOT_FOUND (the gateway
+    dropped the engine) or a shutting-down answer stops the thread. A heartbeat answered
+    before `interval_s` with no news (the gateway had no room for one more waiting
+    heartbeat) is followed by a pause for the rest of the interval, never by a busy loop.
+    `beats` and `failures` count the answered and the failed heartbeats.
     """
 
     def __init__(
@@ -49,6 +56,8 @@ class HeartbeatThread:
         self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
         self.latest: m.Heartbeat | None = None
         self.error: Exception | None = None
+        self.beats = 0
+        self.failures = 0
 
     def start(self) -> HeartbeatThread:
         """Start beating; returns self."""
@@ -68,11 +77,13 @@ class HeartbeatThread:
     def _loop(self) -> None:
         known = 0
         while not self._stop.is_set():
+            t0 = time.monotonic()
             try:  # a long poll: returns early when a new sync directive appears
                 beat = self._client.heartbeat(
                     self._engine_id, self._active_prompts(), self._interval_s, known
                 )
                 self.latest, self.error = beat, None
+                self.beats += 1
                 if beat.shutting_down:
                     return
                 if beat.sync is not None and beat.sync.target_version > known:
@@ -80,11 +91,14 @@ class HeartbeatThread:
                     if self._on_sync is not None:
                         self._on_sync(beat.sync)
                     continue
+                self._stop.wait(self._interval_s - (time.monotonic() - t0))
             except GatewayError as e:
                 self.error = e
+                self.failures += 1
                 if e.code == NOT_FOUND:
                     return
-                self._stop.wait(self._interval_s)  # back off after a failure only
+                busy = e.code == RESOURCE_EXHAUSTED
+                self._stop.wait(_BUSY_RETRY_S if busy else self._interval_s)
             except ValueError as e:  # grpc raises it for a call on a closed channel
                 self.error = e
                 return

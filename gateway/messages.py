@@ -125,7 +125,12 @@ class SyncDirective:
 
 @dataclasses.dataclass(frozen=True)
 class Registration:
-    """An accepted engine: its id, the agreed settings and the timing it must keep."""
+    """An accepted engine: its id, the agreed settings and the timing it must keep.
+
+    `engine_key` is the secret every later call about this engine carries (the client that
+    registered keeps it and sends it by itself; give it to another client with
+    `GatewayClient.adopt_engine`). Only calls carrying it keep the engine alive.
+    """
 
     engine_id: str
     settings: RunSettings
@@ -134,6 +139,7 @@ class Registration:
     heartbeat_interval_s: float
     heartbeat_timeout_s: float
     lease_seconds: float
+    engine_key: str = dataclasses.field(default="", repr=False)
 
 
 @dataclasses.dataclass(frozen=True)

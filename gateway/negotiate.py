@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from gateway.errors import invalid
+from gateway.errors import invalid, shown
 from gateway.validate import check_id
 from protos import gateway_pb2 as gpb
 
@@ -41,7 +41,7 @@ def check_register(req: gpb.RegisterRequest, current_version: int) -> None:
             f"got {req.tp_size}"
         )
     if not req.transports or not all(req.transports):
-        raise invalid(f"transports: expected non-empty names, got {list(req.transports)}")
+        raise invalid(f"transports: expected non-empty names, got {shown(list(req.transports))}")
     if not 0 <= req.weight_version <= current_version:
         raise invalid(
             f"weight_version: expected 0..{current_version} (the current version), "
@@ -65,24 +65,25 @@ def negotiate(run: gpb.RunSettings, req: gpb.RegisterRequest) -> Decision:
     if req.model_family != run.model_family:
         return Decision(
             agreed,
-            f"model family differs: the trainer's model is {run.model_family!r}, "
-            f"the engine serves {req.model_family!r}",
+            f"model family differs: the trainer's model is {shown(run.model_family)}, "
+            f"the engine serves {shown(req.model_family)}",
         )
     if run.dtype and req.dtype != run.dtype:
         return Decision(
-            agreed, f"dtype differs: the run uses {run.dtype!r}, the engine serves {req.dtype!r}"
+            agreed,
+            f"dtype differs: the run uses {shown(run.dtype)}, the engine serves {shown(req.dtype)}",
         )
     if run.backends and req.backend not in run.backends:
         return Decision(
             agreed,
-            f"backend not allowed: the run allows {list(run.backends)}, "
-            f"the engine is {req.backend!r}",
+            f"backend not allowed: the run allows {shown(list(run.backends))}, "
+            f"the engine is {shown(req.backend)}",
         )
     if run.transport and run.transport not in req.transports:
         return Decision(
             agreed,
-            f"transport unsupported: the run moves weights over {run.transport!r}, "
-            f"the engine supports {list(req.transports)}",
+            f"transport unsupported: the run moves weights over {shown(run.transport)}, "
+            f"the engine supports {shown(list(req.transports))}",
         )
     agreed.dtype = run.dtype or req.dtype
     agreed.transport = run.transport or req.transports[0]

@@ -28,8 +28,11 @@ class GatewayServer:
         port: TCP port; 0 picks a free one (see `port` after `start`).
         cert_file, key_file: PEM certificate chain and private key; both or neither. With
             them the server speaks TLS only.
-        max_workers: threads serving calls; blocking calls (lease, fetch) hold one each.
         state: an existing state (tests inject one with a fake clock).
+
+    The server runs `config.max_concurrent_rpcs` threads and gRPC admits at most as many
+    calls at once (more get RESOURCE_EXHAUSTED), so an admitted call never queues for a
+    thread; `gateway.admission` keeps the waiting calls to their caps within that.
     """
 
     def __init__(
@@ -40,7 +43,6 @@ class GatewayServer:
         port: int = 0,
         cert_file: str | Path | None = None,
         key_file: str | Path | None = None,
-        max_workers: int = 64,
         state: GatewayState | None = None,
     ) -> None:
         if (cert_file is None) != (key_file is None):
@@ -51,8 +53,10 @@ class GatewayServer:
         self.config = config
         self.state = state or GatewayState(config)
         self._stopped = threading.Event()
+        workers = config.max_concurrent_rpcs
         self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="gateway"),
+            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gateway"),
+            maximum_concurrent_rpcs=workers,
             options=[
                 ("grpc.max_receive_message_length", config.max_message_bytes),
                 ("grpc.max_send_message_length", config.max_message_bytes),

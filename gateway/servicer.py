@@ -1,7 +1,10 @@
 """The gRPC servicer: authenticates each call, runs it on `GatewayState`, maps errors.
 
-A `GatewayError` becomes a gRPC status with its code and message; any other exception
-becomes INTERNAL with its text. Either way the server keeps serving.
+Each call is checked in this order: the token (UNAUTHENTICATED, PERMISSION_DENIED), the size
+of every field (`gateway.bounds`, INVALID_ARGUMENT), then the state method. A `GatewayError`
+becomes a gRPC status with its code and message; any other exception becomes INTERNAL with
+its type. Every message is cut to `gateway.errors.MAX_MESSAGE_CHARS`; the server keeps
+serving.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from collections.abc import Callable
 import grpc
 
 from gateway.auth import ENGINE, TRAINER, Authenticator
-from gateway.errors import GatewayError
+from gateway.bounds import RequestBounds
+from gateway.errors import GatewayError, clip
 from gateway.state import GatewayState
 from protos import gateway_pb2 as gpb
 from protos import gateway_pb2_grpc
@@ -51,26 +55,30 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     ) -> None:
         self.state = state
         self._auth = auth
+        self._bounds = RequestBounds(state.config)
         self._on_shutdown = on_shutdown
 
     def _run(self, name: str, request, context: grpc.ServicerContext):
         roles, fn = _ROUTES[name]
         try:
             self._auth.check(context.invocation_metadata(), name, roles)
+            self._bounds.check(request)
             return fn(self.state, request)
         except GatewayError as e:
             self.state.count_rejected()
-            context.abort(grpc.StatusCode[e.code], e.message)
+            context.abort(grpc.StatusCode[e.code], clip(e.message))
         except Exception as e:  # keep serving; tell the caller what broke
             log.exception("%s failed", name)
-            context.abort(grpc.StatusCode.INTERNAL, f"{name}: {type(e).__name__}: {e}")
+            context.abort(grpc.StatusCode.INTERNAL, clip(f"{name}: {type(e).__name__}: {e}"))
 
     def Shutdown(self, request, context):  # noqa: N802 (gRPC method name)
         """[trainer] Stop taking work, answer, then stop the server."""
         try:
             self._auth.check(context.invocation_metadata(), "Shutdown", (TRAINER,))
+            self._bounds.check(request)
         except GatewayError as e:
-            context.abort(grpc.StatusCode[e.code], e.message)
+            self.state.count_rejected()
+            context.abort(grpc.StatusCode[e.code], clip(e.message))
         self.state.shutdown()
         self._on_shutdown(request.reason or "asked by the trainer")
         return gpb.ShutdownReply()

@@ -10,21 +10,25 @@ overdue leases; every call runs it, and the server also runs it on a timer.
 from __future__ import annotations
 
 import collections
+import hmac
 import threading
 import time
 from collections.abc import Callable
 
+from gateway.admission import WaitSlots
 from gateway.config import GatewayConfig
 from gateway.errors import (
     FAILED_PRECONDITION,
     NOT_FOUND,
+    PERMISSION_DENIED,
     RESOURCE_EXHAUSTED,
     UNAVAILABLE,
     GatewayError,
     invalid,
+    shown,
 )
 from gateway.negotiate import check_register, negotiate
-from gateway.validate import check_id, check_prompt, check_timeout
+from gateway.validate import check_id, check_min_version, check_prompt, check_timeout
 from gateway.versions import Engine, VersionsMixin
 from gateway.work_queue import Lease, ReturnOutcome, WorkQueue
 from protos import gateway_pb2 as gpb
@@ -53,24 +57,47 @@ class GatewayState(VersionsMixin):
             rendezvous_address=config.rendezvous_address,
             backends=list(config.backends),
         )
-        self._metrics: dict[str, tuple[int, float, dict[str, float]]] = {}
+        # source -> (step, clock s, values); oldest report first, at most max_metric_sources
+        self._metrics: collections.OrderedDict[str, tuple[int, float, dict[str, float]]] = (
+            collections.OrderedDict()
+        )
+        self._slots = WaitSlots(config.long_poll_limit, config.heartbeat_poll_limit)
         self._rates: collections.deque[tuple[float, int, int]] = collections.deque()
         self._started = clock()
         self.shutting_down = False
 
     # ----- helpers (lock held) -----
-    def _wait(self, ready: Callable[[], bool], timeout_s: float) -> bool:
-        """Wait until `ready()` or shutdown or the (capped) timeout; returns `ready()`."""
-        end = time.monotonic() + min(timeout_s, self.config.max_wait_s)
-        while not ready() and not self.shutting_down:
-            left = end - time.monotonic()
-            if left <= 0:
-                break
-            self._cv.wait(left)
-            self._reap_locked()
+    def _wait(
+        self,
+        ready: Callable[[], bool],
+        timeout_s: float,
+        what: str = "a long poll",
+        heartbeat: bool = False,
+    ) -> bool:
+        """Wait until `ready()` or shutdown or the (capped) timeout; returns `ready()`.
+
+        A call that must wait takes a slot (`gateway.admission`): past the cap a heartbeat
+        answers at once, any other call `what` is refused with RESOURCE_EXHAUSTED.
+        """
+        if ready() or self.shutting_down or timeout_s <= 0:
+            return ready()
+        if not self._slots.take(heartbeat, what):
+            return ready()
+        try:
+            end = time.monotonic() + min(timeout_s, self.config.max_wait_s)
+            while not ready() and not self.shutting_down:
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                self._cv.wait(left)
+                self._reap_locked()
+        finally:
+            self._slots.give(heartbeat)
         return ready()
 
-    def _engine(self, engine_id: str) -> Engine:
+    def _engine(self, engine_id: str, key: str) -> Engine:
+        """The engine `engine_id`, marked alive now: only a call carrying its `key` (the
+        RegisterReply.engine_key) gets here, so no other caller keeps it alive."""
         engine = self._engines.get(engine_id)
         if engine is None:
             why = (
@@ -80,8 +107,14 @@ class GatewayState(VersionsMixin):
             )
             raise GatewayError(
                 NOT_FOUND,
-                f"engine id {engine_id!r}: expected a registered "
+                f"engine id {shown(engine_id)}: expected a registered "
                 f"engine, got an unknown one ({why})",
+            )
+        if not hmac.compare_digest(key.encode(), engine.key.encode()):
+            raise GatewayError(
+                PERMISSION_DENIED,
+                f"engine id {shown(engine_id)}: expected the engine_key its registration "
+                f"returned, got {'none' if not key else 'another key'}",
             )
         engine.last_seen = self._clock()
         return engine
@@ -143,8 +176,9 @@ class GatewayState(VersionsMixin):
                 if self._engines and old and old != new:
                     raise GatewayError(
                         FAILED_PRECONDITION,
-                        f"{field}: expected {old!r} while engines {sorted(self._engines)} are "
-                        f"registered with it, got {new!r}",
+                        f"{field}: expected {shown(old)} while {len(self._engines)} engines "
+                        f"(e.g. {shown(min(self._engines))}) are registered with it, "
+                        f"got {shown(new)}",
                     )
             self._settings.CopyFrom(settings)
             return gpb.ConfigureReply(settings=self._settings, current_version=self._version)
@@ -166,11 +200,18 @@ class GatewayState(VersionsMixin):
             if decision.refusal:
                 reply.refusal_reason, reply.retry = decision.refusal, decision.retry
                 return reply
+            if len(self._engines) >= cfg.max_engines:
+                raise GatewayError(
+                    RESOURCE_EXHAUSTED,
+                    f"engines: expected at most max_engines={cfg.max_engines} registered at "
+                    "once, got one more",
+                )
             self._next_engine += 1
-            engine_id = f"{req.name or req.backend}-{self._next_engine}"
+            # a name's first 64 characters: the id stays within max_name_chars
+            engine_id = f"{(req.name or req.backend)[:64]}-{self._next_engine}"
             engine = Engine(engine_id, req, req.weight_version, self._clock())
             self._engines[engine_id] = engine
-            reply.accepted, reply.engine_id = True, engine_id
+            reply.accepted, reply.engine_id, reply.engine_key = True, engine_id, engine.key
             reply.settings.CopyFrom(decision.settings)
             reply.sync.CopyFrom(self._directive(engine))
             return reply
@@ -181,13 +222,14 @@ class GatewayState(VersionsMixin):
         check_timeout("wait_s", req.wait_s)
         with self._cv:
             self._reap_locked()
-            engine = self._engine(req.engine_id)
+            engine = self._engine(req.engine_id, req.engine_key)
             engine.active_prompts = max(0, req.active_prompts)
             engine.in_calls += 1
             try:
                 self._wait(
                     lambda: self._directive(engine).target_version > req.known_target,
                     min(req.wait_s, self.config.heartbeat_every_s),
+                    heartbeat=True,
                 )
             finally:
                 engine.in_calls -= 1
@@ -206,15 +248,17 @@ class GatewayState(VersionsMixin):
 
         Raises:
             GatewayError: INVALID_ARGUMENT for max_prompts < 1 or a bad timeout; NOT_FOUND
-                for an unknown engine; FAILED_PRECONDITION while the engine holds no whole
-                weight version (a FAILED ack without `serving`, no LOADED since).
+                for an unknown engine; PERMISSION_DENIED without its engine key;
+                FAILED_PRECONDITION while the engine holds no whole weight version (a FAILED
+                ack without `serving`, no LOADED since); RESOURCE_EXHAUSTED when it would
+                wait past `max_long_polls`.
         """
         if req.max_prompts < 1:
             raise invalid(f"max_prompts: expected >= 1, got {req.max_prompts}")
         check_timeout("timeout_s", req.timeout_s)
         with self._cv:
             self._reap_locked()
-            engine = self._engine(req.engine_id)
+            engine = self._engine(req.engine_id, req.engine_key)
             if not engine.serving:
                 why = (
                     f"failed to load version {engine.sync_version} ({engine.sync_error})"
@@ -229,7 +273,9 @@ class GatewayState(VersionsMixin):
             engine.in_calls += 1
             try:
                 self._wait(
-                    lambda: all(self._queue.could_lease(engine.weight_version)), req.timeout_s
+                    lambda: all(self._queue.could_lease(engine.weight_version)),
+                    req.timeout_s,
+                    "LeasePrompts",
                 )
             finally:
                 engine.in_calls -= 1
@@ -244,6 +290,7 @@ class GatewayState(VersionsMixin):
                 engine.weight_version,
                 self._clock(),
                 self.config.lease_seconds,
+                self.config.max_message_bytes // 2,
             )
             if lease is None:
                 eligible, room = self._queue.could_lease(engine.weight_version)
@@ -259,7 +306,7 @@ class GatewayState(VersionsMixin):
         check_id("lease_id", req.lease_id)
         with self._cv:
             self._reap_locked()
-            engine = self._engine(req.engine_id)
+            engine = self._engine(req.engine_id, req.engine_key)
             out: ReturnOutcome = self._queue.complete(
                 engine.engine_id,
                 req.lease_id,
@@ -267,6 +314,7 @@ class GatewayState(VersionsMixin):
                 list(req.released_sample_ids),
                 self._clock(),
                 self._version,
+                self.config.max_message_bytes // 2,
             )
             engine.groups += out.accepted
             engine.completions += out.completions
@@ -283,7 +331,7 @@ class GatewayState(VersionsMixin):
     def deregister(self, req: gpb.DeregisterRequest) -> gpb.DeregisterReply:
         """Remove an engine; its leased prompts go back to the front of the queue."""
         with self._cv:
-            engine = self._engine(req.engine_id)
+            engine = self._engine(req.engine_id, req.engine_key)
             n = self._drop_engine(engine, f"engine {engine.engine_id!r} deregistered")
             self._cv.notify_all()
             return gpb.DeregisterReply(returned_prompts=n)
@@ -293,7 +341,7 @@ class GatewayState(VersionsMixin):
         check_timeout("timeout_s", req.timeout_s)
         cfg = self.config
         for p in req.prompts:
-            check_prompt(p, cfg.max_group_size, cfg.max_prompt_tokens)
+            check_prompt(p, cfg.max_group_size, cfg.max_prompt_tokens, cfg.max_new_tokens)
         n = len(req.prompts)
         if n > self._queue.max_pending:
             raise invalid(
@@ -303,6 +351,7 @@ class GatewayState(VersionsMixin):
         with self._cv:
             self._open()
             self._reap_locked()
+            check_min_version(req.prompts, self._version, cfg.min_version_ahead)
             self._queue.check_new(list(req.prompts))
 
             def room() -> bool:
@@ -310,7 +359,7 @@ class GatewayState(VersionsMixin):
                     self._queue.max_pending
                 )
 
-            if not self._wait(room, req.timeout_s):
+            if not self._wait(room, req.timeout_s, "SubmitPrompts"):
                 self._open()
                 raise GatewayError(
                     RESOURCE_EXHAUSTED,
@@ -341,18 +390,26 @@ class GatewayState(VersionsMixin):
         with self._cv:
             self._reap_locked()
             need = max(1, req.min_groups)
-            self._wait(lambda: self._queue.ready >= need, req.timeout_s)
-            groups = self._queue.fetch(req.max_groups)
+            self._wait(lambda: self._queue.ready >= need, req.timeout_s, "FetchRollouts")
+            groups = self._queue.fetch(req.max_groups, self.config.max_message_bytes // 2)
             self._cv.notify_all()
             return gpb.FetchReply(groups=groups)
 
     def report_metrics(self, req: gpb.MetricsRequest) -> gpb.MetricsReply:
-        """Keep the latest metrics of each source."""
+        """Keep the latest metrics of each source (at most `max_metric_sources`: a new
+        source evicts the one reported longest ago). A report from an engine id counts as
+        its heartbeat only with its engine_key."""
         check_id("source", req.source)
         with self._cv:
+            self._metrics.pop(req.source, None)
             self._metrics[req.source] = (req.step, self._clock(), dict(req.values))
-            if req.source in self._engines:
-                self._engines[req.source].last_seen = self._clock()
+            while len(self._metrics) > self.config.max_metric_sources:
+                self._metrics.popitem(last=False)
+            engine = self._engines.get(req.source)
+            if engine is not None and hmac.compare_digest(
+                req.engine_key.encode(), engine.key.encode()
+            ):
+                engine.last_seen = self._clock()
             return gpb.MetricsReply()
 
     def shutdown(self) -> None:

@@ -6,10 +6,11 @@ Every function raises `GatewayError` with code INVALID_ARGUMENT and returns noth
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import numpy as np
 
-from gateway.errors import invalid
+from gateway.errors import invalid, shown
 from protos import rollout_pb2 as rpb
 
 _LOGPROB_SLACK = 1e-4  # a log-probability may exceed 0 by float rounding only
@@ -27,9 +28,12 @@ def check_id(name: str, value: str) -> None:
         raise invalid(f"{name}: expected a non-empty id, got ''")
 
 
-def check_prompt(prompt: rpb.Prompt, max_group_size: int, max_prompt_tokens: int) -> None:
-    """Check one submitted prompt: id, tokens [P] (1 <= P <= max), G, sampling parameters."""
-    where = f"prompt {prompt.sample_id!r}"
+def check_prompt(
+    prompt: rpb.Prompt, max_group_size: int, max_prompt_tokens: int, max_new_tokens: int = 1 << 20
+) -> None:
+    """Check one submitted prompt: id, tokens [P] (1 <= P <= max), G, sampling parameters
+    (1 <= max_new_tokens <= `max_new_tokens`)."""
+    where = f"prompt {shown(prompt.sample_id)}"
     check_id("sample_id", prompt.sample_id)
     n = len(prompt.token_ids)
     if not 1 <= n <= max_prompt_tokens:
@@ -47,12 +51,30 @@ def check_prompt(prompt: rpb.Prompt, max_group_size: int, max_prompt_tokens: int
         raise invalid(f"{where}: expected 0 < top_p <= 1, got {s.top_p}")
     if s.top_k < 0:
         raise invalid(f"{where}: expected top_k >= 0 (0: no cut), got {s.top_k}")
-    if s.max_new_tokens < 1:
-        raise invalid(f"{where}: expected max_new_tokens >= 1, got {s.max_new_tokens}")
+    if not 1 <= s.max_new_tokens <= max_new_tokens:
+        raise invalid(
+            f"{where}: expected max_new_tokens 1..{max_new_tokens}, got {s.max_new_tokens}"
+        )
     if s.stop_token_ids and min(s.stop_token_ids) < 0:
         raise invalid(f"{where}: expected stop token ids >= 0, got {min(s.stop_token_ids)}")
     if s.reasoning_budget < 0:
         raise invalid(f"{where}: expected reasoning_budget >= 0, got {s.reasoning_budget}")
+
+
+def check_min_version(prompts: Iterable[rpb.Prompt], current_version: int, ahead: int) -> None:
+    """Refuse a prompt no engine can lease soon: `min_version` > current version + `ahead`.
+
+    The trainer publishes a version before it submits prompts for it (or, with `ahead` >= 1,
+    while it pushes it), so a larger `min_version` is a mistake that would leave the prompt
+    pending until that many more versions are published.
+    """
+    top = current_version + ahead
+    for p in prompts:
+        if p.min_version > top:
+            raise invalid(
+                f"prompt {shown(p.sample_id)}: expected min_version <= {top} (the current "
+                f"version {current_version} + min_version_ahead {ahead}), got {p.min_version}"
+            )
 
 
 def check_completion(
@@ -102,7 +124,7 @@ def check_completion(
 
 def check_group(group: rpb.RolloutGroup, prompt: rpb.Prompt, current_version: int) -> None:
     """Check a returned group against its prompt: exactly G valid completions."""
-    where = f"group {group.sample_id!r}"
+    where = f"group {shown(group.sample_id)}"
     g = prompt.group_size
     if len(group.completions) != g:
         raise invalid(

@@ -6,6 +6,7 @@ engines, version and sync parameters these methods use.
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import threading
 from collections.abc import Callable
 
@@ -38,6 +39,8 @@ class Engine:
     groups: int = 0
     completions: int = 0
     tokens: int = 0
+    # The secret RegisterReply.engine_key: calls about this engine must carry it.
+    key: str = dataclasses.field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
 
     @property
     def failed(self) -> bool:
@@ -52,10 +55,10 @@ class VersionsMixin:
     _engines: dict[str, Engine]
     _version: int
     _sync_params: dict[str, str]
-    _engine: Callable[[str], Engine]
+    _engine: Callable[[str, str], Engine]
     _reap_locked: Callable[[], bool]
     _open: Callable[[], None]
-    _wait: Callable[[Callable[[], bool], float], bool]
+    _wait: Callable[..., bool]
 
     def _directive(self, engine: Engine) -> gpb.SyncDirective:
         if engine.weight_version >= self._version:
@@ -93,7 +96,7 @@ class VersionsMixin:
         """
         with self._cv:
             self._reap_locked()
-            engine = self._engine(req.engine_id)
+            engine = self._engine(req.engine_id, req.engine_key)
             if not 0 <= req.version <= self._version:
                 raise invalid(
                     f"version: expected a published version 0..{self._version}, "
@@ -152,7 +155,7 @@ class VersionsMixin:
                     e.failed and e.sync_version >= req.version for e in engines
                 )
 
-            self._wait(settled, req.timeout_s)
+            self._wait(settled, req.timeout_s, "WaitSync")
             states = [
                 gpb.EngineSyncState(
                     engine_id=e.engine_id,

@@ -5,6 +5,13 @@ queue), leased (inside one lease), or ready (its group waits for the trainer). A
 lease puts its unfinished prompts back at the front of their queue, in order; a group
 returned for such a lease is dropped, so no group reaches the trainer twice.
 
+Each queue is kept as one deque per `min_version`, each sorted by a sequence number (new
+prompts get increasing ones at the back, requeued prompts decreasing ones at the front), and
+a lease takes the lowest sequence number among the deques the engine's version may serve: the
+order of a single queue, except that a prompt waiting for a newer version never blocks the
+prompts behind it. Replies stay under a byte budget: a lease or fetch stops before the prompt
+or group that would pass it (but always hands out at least one).
+
 Not thread-safe: `gateway.state.GatewayState` calls it under its lock.
 """
 
@@ -14,7 +21,7 @@ import collections
 import dataclasses
 import secrets
 
-from gateway.errors import ALREADY_EXISTS, NOT_FOUND, GatewayError, invalid
+from gateway.errors import ALREADY_EXISTS, NOT_FOUND, GatewayError, invalid, shown
 from gateway.validate import check_group
 from protos import rollout_pb2 as rpb
 
@@ -27,6 +34,7 @@ class _Entry:
     submitted_at: float
     leased_at: float = 0.0
     lease_id: str = ""
+    seq: int = 0  # order within the pending queues (lower: nearer the front)
 
 
 @dataclasses.dataclass
@@ -68,10 +76,11 @@ class WorkQueue:
         self._boot = secrets.token_hex(3)
         self._next_lease = 0
         self._entries: dict[str, _Entry] = {}
-        self._pending: dict[bool, collections.deque[str]] = {
-            True: collections.deque(),
-            False: collections.deque(),
-        }
+        # is_eval -> min_version -> sample ids in sequence order (no empty deques kept)
+        self._pending: dict[bool, dict[int, collections.deque[str]]] = {True: {}, False: {}}
+        self._count = {True: 0, False: 0}
+        self._back = 0  # next sequence number at the back
+        self._front = -1  # next sequence number at the front
         self._ready: collections.deque[rpb.RolloutGroup] = collections.deque()
         self.leases: dict[str, Lease] = {}
         self._closed: collections.OrderedDict[str, str] = collections.OrderedDict()
@@ -81,7 +90,7 @@ class WorkQueue:
     # ----- depths -----
     def pending(self, is_eval: bool) -> int:
         """Prompts waiting in the eval (True) or train (False) queue."""
-        return len(self._pending[is_eval])
+        return self._count[is_eval]
 
     @property
     def ready(self) -> int:
@@ -104,7 +113,7 @@ class WorkQueue:
             if p.sample_id in seen or p.sample_id in self._entries:
                 raise GatewayError(
                     ALREADY_EXISTS,
-                    f"sample id {p.sample_id!r}: expected an id not in flight, got one that "
+                    f"sample id {shown(p.sample_id)}: expected an id not in flight, got one that "
                     "is already pending, leased, waiting to be fetched, or repeated",
                 )
             seen.add(p.sample_id)
@@ -112,14 +121,24 @@ class WorkQueue:
     def submit(self, prompts: list[rpb.Prompt], now: float) -> None:
         """Append checked prompts (see `check_new`) to the back of their queues."""
         for p in prompts:
-            self._entries[p.sample_id] = _Entry(p, now)
-            self._pending[p.is_eval].append(p.sample_id)
+            self._entries[p.sample_id] = _Entry(p, now, seq=self._back)
+            self._back += 1
+            self._pending[p.is_eval].setdefault(p.min_version, collections.deque()).append(
+                p.sample_id
+            )
+            self._count[p.is_eval] += 1
         self.counters["prompts_submitted"] += len(prompts)
 
-    def fetch(self, max_groups: int) -> list[rpb.RolloutGroup]:
-        """Pop up to `max_groups` ready groups, oldest first; their prompts leave the queue."""
+    def fetch(self, max_groups: int, max_bytes: int = 1 << 62) -> list[rpb.RolloutGroup]:
+        """Pop up to `max_groups` ready groups, oldest first, stopping before the group that
+        would bring the serialized total past `max_bytes` (at least one is popped); their
+        prompts leave the queue."""
         out: list[rpb.RolloutGroup] = []
+        size = 0
         while self._ready and len(out) < max_groups:
+            size += self._ready[0].ByteSize()
+            if out and size > max_bytes:
+                break
             group = self._ready.popleft()
             del self._entries[group.sample_id]
             out.append(group)
@@ -128,23 +147,44 @@ class WorkQueue:
 
     # ----- engine side -----
     def lease(
-        self, engine_id: str, max_prompts: int, engine_version: int, now: float, seconds: float
+        self,
+        engine_id: str,
+        max_prompts: int,
+        engine_version: int,
+        now: float,
+        seconds: float,
+        max_bytes: int = 1 << 62,
     ) -> Lease | None:
         """Lease up to `max_prompts` prompts (eval first) that `engine_version` may serve.
 
-        A queue is read from its front and stops at the first prompt whose `min_version`
-        exceeds `engine_version`. Returns None when nothing could be leased.
+        Prompts are taken in queue order, skipping (not stopping at) those whose
+        `min_version` exceeds `engine_version`, and stopping before the prompt that would
+        bring the serialized total past `max_bytes` (at least one is taken). Returns None
+        when nothing could be leased.
         """
         n = min(max_prompts, self.room())
         taken: dict[str, None] = {}
+        size = 0
         for is_eval in (True, False):
-            queue = self._pending[is_eval]
-            while queue and len(taken) < n:
-                entry = self._entries[queue[0]]
-                if entry.prompt.min_version > engine_version:
+            by_version = self._pending[is_eval]
+            while len(taken) < n:
+                heads = [
+                    (self._entries[q[0]].seq, v)
+                    for v, q in by_version.items()
+                    if v <= engine_version
+                ]
+                if not heads:
                     break
-                queue.popleft()
-                taken[entry.prompt.sample_id] = None
+                version = min(heads)[1]
+                queue = by_version[version]
+                size += self._entries[queue[0]].prompt.ByteSize()
+                if taken and size > max_bytes:
+                    n = len(taken)
+                    break
+                taken[queue.popleft()] = None
+                self._count[is_eval] -= 1
+                if not queue:
+                    del by_version[version]
         if not taken:
             return None
         self._next_lease += 1
@@ -163,10 +203,7 @@ class WorkQueue:
 
     def could_lease(self, engine_version: int) -> tuple[bool, bool]:
         """(a prompt is eligible for `engine_version`, the rollout capacity has room)."""
-        eligible = any(
-            q and self._entries[q[0]].prompt.min_version <= engine_version
-            for q in self._pending.values()
-        )
+        eligible = any(v <= engine_version for q in self._pending.values() for v in q)
         return eligible, self.room() > 0
 
     def complete(
@@ -177,12 +214,14 @@ class WorkQueue:
         released: list[str],
         now: float,
         current_version: int,
+        max_group_bytes: int = 1 << 62,
     ) -> ReturnOutcome:
         """Accept finished groups of a lease and give back released prompts.
 
         Checks everything before changing anything. A lease that expired or completed drops
         the groups (counted in the outcome); an unknown lease, a lease of another engine, a
-        sample id outside the lease, a repeated sample id, or a malformed group raises
+        sample id outside the lease, a repeated sample id, a malformed group, or a group
+        that with its prompt would pass `max_group_bytes` (it could never be fetched) raises
         `GatewayError` and changes nothing.
         """
         lease = self.leases.get(lease_id)
@@ -192,25 +231,33 @@ class WorkQueue:
                 return ReturnOutcome(dropped=len(groups), dropped_reason=self._closed[lease_id])
             raise GatewayError(
                 NOT_FOUND,
-                f"lease id {lease_id!r}: expected a lease the gateway granted, got an unknown id",
+                f"lease id {shown(lease_id)}: expected a lease the gateway granted, got an "
+                "unknown id",
             )
         if lease.engine_id != engine_id:
             raise invalid(
-                f"lease {lease_id!r}: expected its holder {lease.engine_id!r}, "
-                f"got engine {engine_id!r}"
+                f"lease {shown(lease_id)}: expected its holder {shown(lease.engine_id)}, "
+                f"got engine {shown(engine_id)}"
             )
         seen: set[str] = set()
         for sid in [g.sample_id for g in groups] + list(released):
             if sid in seen:
-                raise invalid(f"sample id {sid!r}: expected once per return, got it twice")
+                raise invalid(f"sample id {shown(sid)}: expected once per return, got it twice")
             seen.add(sid)
             if sid not in self._entries or self._entries[sid].lease_id != lease_id:
                 raise invalid(
-                    f"sample id {sid!r}: expected a prompt of lease {lease_id!r}, "
+                    f"sample id {shown(sid)}: expected a prompt of lease {shown(lease_id)}, "
                     "got one outside it"
                 )
         for g in groups:
-            check_group(g, self._entries[g.sample_id].prompt, current_version)
+            prompt = self._entries[g.sample_id].prompt
+            check_group(g, prompt, current_version)
+            size = g.ByteSize() + prompt.ByteSize()
+            if size > max_group_bytes:
+                raise invalid(
+                    f"group {shown(g.sample_id)}: expected at most {max_group_bytes} bytes "
+                    f"with its prompt (half the largest message), got {size}"
+                )
         out = ReturnOutcome()
         for g in groups:
             entry = self._entries[g.sample_id]
@@ -246,8 +293,12 @@ class WorkQueue:
         for sid in reversed(sample_ids):
             entry = self._entries[sid]
             entry.lease_id = ""
+            entry.seq = self._front
+            self._front -= 1
             lease.outstanding.pop(sid, None)
-            self._pending[entry.prompt.is_eval].appendleft(sid)
+            p = entry.prompt
+            self._pending[p.is_eval].setdefault(p.min_version, collections.deque()).appendleft(sid)
+            self._count[p.is_eval] += 1
 
     def _close(self, lease: Lease, reason: str) -> None:
         del self.leases[lease.lease_id]

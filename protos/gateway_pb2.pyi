@@ -89,7 +89,7 @@ class SyncDirective(_message.Message):
     def __init__(self, pending: _Optional[bool] = ..., target_version: _Optional[int] = ..., params: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
-    __slots__ = ("accepted", "refusal_reason", "engine_id", "settings", "current_version", "sync", "heartbeat_interval_s", "heartbeat_timeout_s", "lease_seconds", "retry")
+    __slots__ = ("accepted", "refusal_reason", "engine_id", "settings", "current_version", "sync", "heartbeat_interval_s", "heartbeat_timeout_s", "lease_seconds", "retry", "engine_key")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REFUSAL_REASON_FIELD_NUMBER: _ClassVar[int]
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +100,7 @@ class RegisterReply(_message.Message):
     HEARTBEAT_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RETRY_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_KEY_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     refusal_reason: str
     engine_id: str
@@ -110,19 +111,22 @@ class RegisterReply(_message.Message):
     heartbeat_timeout_s: float
     lease_seconds: float
     retry: bool
-    def __init__(self, accepted: _Optional[bool] = ..., refusal_reason: _Optional[str] = ..., engine_id: _Optional[str] = ..., settings: _Optional[_Union[RunSettings, _Mapping]] = ..., current_version: _Optional[int] = ..., sync: _Optional[_Union[SyncDirective, _Mapping]] = ..., heartbeat_interval_s: _Optional[float] = ..., heartbeat_timeout_s: _Optional[float] = ..., lease_seconds: _Optional[float] = ..., retry: _Optional[bool] = ...) -> None: ...
+    engine_key: str
+    def __init__(self, accepted: _Optional[bool] = ..., refusal_reason: _Optional[str] = ..., engine_id: _Optional[str] = ..., settings: _Optional[_Union[RunSettings, _Mapping]] = ..., current_version: _Optional[int] = ..., sync: _Optional[_Union[SyncDirective, _Mapping]] = ..., heartbeat_interval_s: _Optional[float] = ..., heartbeat_timeout_s: _Optional[float] = ..., lease_seconds: _Optional[float] = ..., retry: _Optional[bool] = ..., engine_key: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("engine_id", "active_prompts", "wait_s", "known_target")
+    __slots__ = ("engine_id", "active_prompts", "wait_s", "known_target", "engine_key")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_PROMPTS_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
     KNOWN_TARGET_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_KEY_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     active_prompts: int
     wait_s: float
     known_target: int
-    def __init__(self, engine_id: _Optional[str] = ..., active_prompts: _Optional[int] = ..., wait_s: _Optional[float] = ..., known_target: _Optional[int] = ...) -> None: ...
+    engine_key: str
+    def __init__(self, engine_id: _Optional[str] = ..., active_prompts: _Optional[int] = ..., wait_s: _Optional[float] = ..., known_target: _Optional[int] = ..., engine_key: _Optional[str] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
     __slots__ = ("sync", "current_version", "shutting_down")
@@ -135,14 +139,16 @@ class HeartbeatReply(_message.Message):
     def __init__(self, sync: _Optional[_Union[SyncDirective, _Mapping]] = ..., current_version: _Optional[int] = ..., shutting_down: _Optional[bool] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
-    __slots__ = ("engine_id", "max_prompts", "timeout_s")
+    __slots__ = ("engine_id", "max_prompts", "timeout_s", "engine_key")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_PROMPTS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_KEY_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     max_prompts: int
     timeout_s: float
-    def __init__(self, engine_id: _Optional[str] = ..., max_prompts: _Optional[int] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    engine_key: str
+    def __init__(self, engine_id: _Optional[str] = ..., max_prompts: _Optional[int] = ..., timeout_s: _Optional[float] = ..., engine_key: _Optional[str] = ...) -> None: ...
 
 class LeaseReply(_message.Message):
     __slots__ = ("lease_id", "prompts", "expires_in_s", "sync", "shutting_down", "backpressure")
@@ -161,16 +167,18 @@ class LeaseReply(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., prompts: _Optional[_Iterable[_Union[_rollout_pb2.Prompt, _Mapping]]] = ..., expires_in_s: _Optional[float] = ..., sync: _Optional[_Union[SyncDirective, _Mapping]] = ..., shutting_down: _Optional[bool] = ..., backpressure: _Optional[bool] = ...) -> None: ...
 
 class ReturnRequest(_message.Message):
-    __slots__ = ("engine_id", "lease_id", "groups", "released_sample_ids")
+    __slots__ = ("engine_id", "lease_id", "groups", "released_sample_ids", "engine_key")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     RELEASED_SAMPLE_IDS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_KEY_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     lease_id: str
     groups: _containers.RepeatedCompositeFieldContainer[_rollout_pb2.RolloutGroup]
     released_sample_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, engine_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., groups: _Optional[_Iterable[_Union[_rollout_pb2.RolloutGroup, _Mapping]]] = ..., released_sample_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    engine_key: str
+    def __init__(self, engine_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., groups: _Optional[_Iterable[_Union[_rollout_pb2.RolloutGroup, _Mapping]]] = ..., released_sample_ids: _Optional[_Iterable[str]] = ..., engine_key: _Optional[str] = ...) -> None: ...
 
 class ReturnReply(_message.Message):
     __slots__ = ("accepted", "dropped", "dropped_reason", "released")
@@ -185,18 +193,20 @@ class ReturnReply(_message.Message):
     def __init__(self, accepted: _Optional[int] = ..., dropped: _Optional[int] = ..., dropped_reason: _Optional[str] = ..., released: _Optional[int] = ...) -> None: ...
 
 class AckRequest(_message.Message):
-    __slots__ = ("engine_id", "version", "phase", "error", "serving")
+    __slots__ = ("engine_id", "version", "phase", "error", "serving", "engine_key")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     SERVING_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_KEY_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     version: int
     phase: SyncPhase
     error: str
     serving: bool
-    def __init__(self, engine_id: _Optional[str] = ..., version: _Optional[int] = ..., phase: _Optional[_Union[SyncPhase, str]] = ..., error: _Optional[str] = ..., serving: _Optional[bool] = ...) -> None: ...
+    engine_key: str
+    def __init__(self, engine_id: _Optional[str] = ..., version: _Optional[int] = ..., phase: _Optional[_Union[SyncPhase, str]] = ..., error: _Optional[str] = ..., serving: _Optional[bool] = ..., engine_key: _Optional[str] = ...) -> None: ...
 
 class AckReply(_message.Message):
     __slots__ = ("sync",)
@@ -205,10 +215,12 @@ class AckReply(_message.Message):
     def __init__(self, sync: _Optional[_Union[SyncDirective, _Mapping]] = ...) -> None: ...
 
 class DeregisterRequest(_message.Message):
-    __slots__ = ("engine_id",)
+    __slots__ = ("engine_id", "engine_key")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_KEY_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
-    def __init__(self, engine_id: _Optional[str] = ...) -> None: ...
+    engine_key: str
+    def __init__(self, engine_id: _Optional[str] = ..., engine_key: _Optional[str] = ...) -> None: ...
 
 class DeregisterReply(_message.Message):
     __slots__ = ("returned_prompts",)
@@ -304,7 +316,7 @@ class WaitSyncReply(_message.Message):
     def __init__(self, done: _Optional[bool] = ..., engines: _Optional[_Iterable[_Union[EngineSyncState, _Mapping]]] = ...) -> None: ...
 
 class MetricsRequest(_message.Message):
-    __slots__ = ("source", "step", "values")
+    __slots__ = ("source", "step", "values", "engine_key")
     class ValuesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -315,10 +327,12 @@ class MetricsRequest(_message.Message):
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_KEY_FIELD_NUMBER: _ClassVar[int]
     source: str
     step: int
     values: _containers.ScalarMap[str, float]
-    def __init__(self, source: _Optional[str] = ..., step: _Optional[int] = ..., values: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    engine_key: str
+    def __init__(self, source: _Optional[str] = ..., step: _Optional[int] = ..., values: _Optional[_Mapping[str, float]] = ..., engine_key: _Optional[str] = ...) -> None: ...
 
 class MetricsReply(_message.Message):
     __slots__ = ()

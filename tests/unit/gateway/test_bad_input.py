@@ -45,7 +45,7 @@ def test_bad_prompts(server):
         (_prompt(tokens=(1, -3)), "expected token ids >= 0, got -3"),
         (_prompt(top_p=0.0), "expected 0 < top_p <= 1, got 0.0"),
         (_prompt(temperature=float("nan")), "expected temperature >= 0, got nan"),
-        (_prompt(max_new_tokens=0), "expected max_new_tokens >= 1, got 0"),
+        (_prompt(max_new_tokens=0), "expected max_new_tokens 1..1048576, got 0"),
         (_prompt(top_k=-1), "expected top_k >= 0 (0: no cut), got -1"),
     ]
     for bad, message in cases:

@@ -58,6 +58,7 @@ class GatewayMachine(RuleBasedStateMachine):
         self.times_submitted: Counter[str] = Counter()
         self.fetched: Counter[str] = Counter()
         self.engines: list[str] = []
+        self.keys: dict[str, str] = {}  # engine id -> its engine_key
         self.leases: list[tuple[str, str, list[str]]] = []
         self.version = 0
 
@@ -74,8 +75,13 @@ class GatewayMachine(RuleBasedStateMachine):
     def _call(self, name, request, role="engine"):
         client = self.trainer if role == "trainer" else self.engine_client
         self.last_code = ""
+        if "engine_key" in request.DESCRIPTOR.fields_by_name:
+            request.engine_key = self.keys.get(request.engine_id, "")
         try:
-            return getattr(self.stub, name)(request, timeout=10, metadata=client._metadata)
+            reply = getattr(self.stub, name)(request, timeout=10, metadata=client._metadata)
+            if name == "RegisterEngine" and reply.accepted:
+                self.keys[reply.engine_id] = reply.engine_key
+            return reply
         except Exception as e:  # grpc.RpcError
             code = e.code().name
             full = name == "SubmitPrompts" and code == "RESOURCE_EXHAUSTED"

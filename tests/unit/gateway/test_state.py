@@ -18,8 +18,21 @@ def _state(gw, **kw):
     return GatewayState(GatewayConfig(**cfg), clock=clock), clock
 
 
+def _key(state, engine_id):
+    """The engine_key RegisterEngine gave `engine_id` ("" once it is gone)."""
+    engine = state._engines.get(engine_id)
+    return engine.key if engine is not None else ""
+
+
 def _lease(state, engine_id, n, timeout_s=0.0):
-    return state.lease(gpb.LeaseRequest(engine_id=engine_id, max_prompts=n, timeout_s=timeout_s))
+    return state.lease(
+        gpb.LeaseRequest(
+            engine_id=engine_id,
+            engine_key=_key(state, engine_id),
+            max_prompts=n,
+            timeout_s=timeout_s,
+        )
+    )
 
 
 def _submit(state, prompts):
@@ -29,7 +42,11 @@ def _submit(state, prompts):
 def _ret(state, engine_id, lease_id, groups=(), released=()):
     return state.return_rollouts(
         gpb.ReturnRequest(
-            engine_id=engine_id, lease_id=lease_id, groups=groups, released_sample_ids=released
+            engine_id=engine_id,
+            engine_key=_key(state, engine_id),
+            lease_id=lease_id,
+            groups=groups,
+            released_sample_ids=released,
         )
     )
 
@@ -59,7 +76,7 @@ def test_expired_lease_returns_prompts_to_front_and_drops_late_groups(gw):
     for _ in range(4):  # 32 s: past the 30 s deadline; both engines keep heartbeating
         clock.t += 8.0
         for eid in (a, b):
-            state.heartbeat(gpb.HeartbeatRequest(engine_id=eid))
+            state.heartbeat(gpb.HeartbeatRequest(engine_id=eid, engine_key=_key(state, eid)))
     second = _lease(state, b, 3)
     assert [p.sample_id for p in second.prompts] == ["p0", "p1", "p2"]
     late = _ret(state, a, first.lease_id, [gw.group("p0")])
@@ -81,7 +98,7 @@ def test_silent_engine_is_dropped_and_its_prompts_go_back(gw):
     _submit(state, [gw.prompt("p0"), gw.prompt("p1")])
     lease_a = _lease(state, a, 1)
     clock.t += 6.0
-    state.heartbeat(gpb.HeartbeatRequest(engine_id=b))
+    state.heartbeat(gpb.HeartbeatRequest(engine_id=b, engine_key=_key(state, b)))
     clock.t += 6.0  # a silent for 12 s > 10 s; b for 6 s
     assert state.reap()
     assert [p.sample_id for p in _lease(state, b, 5).prompts] == ["p0", "p1"]
@@ -112,27 +129,43 @@ def test_min_version_keeps_stale_engines_off_fresh_prompts(gw):
     state.publish(gpb.PublishRequest(version=1))
     _submit(state, [gw.prompt("new", min_version=1)])
     assert _lease(state, eid, 1).lease_id == ""
-    state.ack(gpb.AckRequest(engine_id=eid, version=1, phase=gpb.SYNC_PHASE_LOADED))
+    state.ack(
+        gpb.AckRequest(
+            engine_id=eid, engine_key=_key(state, eid), version=1, phase=gpb.SYNC_PHASE_LOADED
+        )
+    )
     assert [p.sample_id for p in _lease(state, eid, 1).prompts] == ["new"]
 
 
 def test_sync_directive_acks_and_wait_sync(gw):
     state, _ = _state(gw)
     eid = state.register(gw.register()).engine_id
-    assert not state.heartbeat(gpb.HeartbeatRequest(engine_id=eid)).sync.pending
+    assert not state.heartbeat(
+        gpb.HeartbeatRequest(engine_id=eid, engine_key=_key(state, eid))
+    ).sync.pending
     assert list(state.publish(gpb.PublishRequest(version=3, params={"port": "9"})).engine_ids) == [
         eid
     ]
-    sync = state.heartbeat(gpb.HeartbeatRequest(engine_id=eid)).sync
+    sync = state.heartbeat(gpb.HeartbeatRequest(engine_id=eid, engine_key=_key(state, eid))).sync
     assert (sync.pending, sync.target_version, dict(sync.params)) == (True, 3, {"port": "9"})
     ready = gpb.WaitSyncRequest(version=3, phase=gpb.SYNC_PHASE_READY, timeout_s=0.0)
     assert not state.wait_sync(ready).done
-    state.ack(gpb.AckRequest(engine_id=eid, version=3, phase=gpb.SYNC_PHASE_READY))
+    state.ack(
+        gpb.AckRequest(
+            engine_id=eid, engine_key=_key(state, eid), version=3, phase=gpb.SYNC_PHASE_READY
+        )
+    )
     assert state.wait_sync(ready).done
-    state.ack(gpb.AckRequest(engine_id=eid, version=3, phase=gpb.SYNC_PHASE_LOADED))
+    state.ack(
+        gpb.AckRequest(
+            engine_id=eid, engine_key=_key(state, eid), version=3, phase=gpb.SYNC_PHASE_LOADED
+        )
+    )
     loaded = state.wait_sync(gpb.WaitSyncRequest(version=3, phase=gpb.SYNC_PHASE_LOADED))
     assert loaded.done and loaded.engines[0].version == 3
-    assert not state.heartbeat(gpb.HeartbeatRequest(engine_id=eid)).sync.pending
+    assert not state.heartbeat(
+        gpb.HeartbeatRequest(engine_id=eid, engine_key=_key(state, eid))
+    ).sync.pending
     late = state.register(gw.register(name="late"))
     assert (late.current_version, late.sync.pending, late.sync.target_version) == (3, True, 3)
 
@@ -147,6 +180,7 @@ def _fail(state, eid, version, error, serving):
     return state.ack(
         gpb.AckRequest(
             engine_id=eid,
+            engine_key=_key(state, eid),
             version=version,
             phase=gpb.SYNC_PHASE_FAILED,
             error=error,
@@ -174,14 +208,22 @@ def test_failed_sync_blocks_leasing_until_a_whole_version_loads(gw):
     )
     # a READY for the next version does not make it whole: still no leases until LOADED
     state.publish(gpb.PublishRequest(version=2))
-    state.ack(gpb.AckRequest(engine_id=eid, version=2, phase=gpb.SYNC_PHASE_READY))
+    state.ack(
+        gpb.AckRequest(
+            engine_id=eid, engine_key=_key(state, eid), version=2, phase=gpb.SYNC_PHASE_READY
+        )
+    )
     with pytest.raises(GatewayError) as err:
         _lease(state, eid, 1)
     assert err.value.message == (
         f"engine {eid!r} is syncing to version 2 after a failed load and holds no whole "
         "weight version; expected a LOADED acknowledgement before leasing"
     )
-    state.ack(gpb.AckRequest(engine_id=eid, version=2, phase=gpb.SYNC_PHASE_LOADED))
+    state.ack(
+        gpb.AckRequest(
+            engine_id=eid, engine_key=_key(state, eid), version=2, phase=gpb.SYNC_PHASE_LOADED
+        )
+    )
     assert [p.sample_id for p in _lease(state, eid, 1).prompts] == ["p0"]
     (e,) = state.status().engines
     assert (e.weight_version, e.sync_version, e.sync_phase, e.serving) == (
@@ -198,7 +240,11 @@ def test_failed_sync_that_kept_the_old_version_keeps_serving_it(gw):
     b = state.register(gw.register(name="b")).engine_id
     state.publish(gpb.PublishRequest(version=1))
     _submit(state, [gw.prompt("old"), gw.prompt("fresh", min_version=1)])
-    state.ack(gpb.AckRequest(engine_id=a, version=1, phase=gpb.SYNC_PHASE_READY))
+    state.ack(
+        gpb.AckRequest(
+            engine_id=a, engine_key=_key(state, a), version=1, phase=gpb.SYNC_PHASE_READY
+        )
+    )
     reply = _fail(state, a, 1, "ManifestError: refused", serving=True)
     assert (reply.sync.pending, reply.sync.target_version) == (True, 1)
     # the trainer's wait ends with the failure at once, though b has not loaded version 1
@@ -248,7 +294,11 @@ def test_serving_is_refused_outside_a_failed_ack(gw):
     state.publish(gpb.PublishRequest(version=1))
     for phase, name in ((gpb.SYNC_PHASE_READY, "READY"), (gpb.SYNC_PHASE_LOADED, "LOADED")):
         with pytest.raises(GatewayError) as err:
-            state.ack(gpb.AckRequest(engine_id=eid, version=1, phase=phase, serving=True))
+            state.ack(
+                gpb.AckRequest(
+                    engine_id=eid, engine_key=_key(state, eid), version=1, phase=phase, serving=True
+                )
+            )
         assert err.value.code == "INVALID_ARGUMENT"
         assert err.value.message == (
             f"serving: expected false unless phase is FAILED, got true with phase SYNC_PHASE_{name}"
@@ -262,7 +312,12 @@ def test_deregister_returns_leased_prompts(gw):
     eid = state.register(gw.register()).engine_id
     _submit(state, [gw.prompt("p0"), gw.prompt("p1")])
     _lease(state, eid, 2)
-    assert state.deregister(gpb.DeregisterRequest(engine_id=eid)).returned_prompts == 2
+    assert (
+        state.deregister(
+            gpb.DeregisterRequest(engine_id=eid, engine_key=_key(state, eid))
+        ).returned_prompts
+        == 2
+    )
     assert state.status().queues.pending_train == 2
 
 
