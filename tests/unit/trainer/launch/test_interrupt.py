@@ -51,3 +51,42 @@ def test_watcher_stops_children_when_main_thread_is_stuck(tmp_path):
 def test_install_rejects_a_bad_grace():
     with pytest.raises(ValueError, match="grace_s must be > 0"):
         install(grace_s=0)
+
+
+# Inside graceful(): the first SIGINT is recorded (the watcher does not kill), the second raises.
+GRACEFUL = """
+import os, signal, sys, time
+from trainer.launch import interrupt
+interrupt.install(grace_s=0.5)
+with interrupt.graceful():
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(1.5)  # past grace_s: a watcher that wrongly acted would have ended us with 130
+    print(interrupt.requested(), interrupt.exit_code(), flush=True)
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+        print("not raised", flush=True)
+    except KeyboardInterrupt:
+        print("second: KeyboardInterrupt", flush=True)
+sys.stdout.flush()
+os._exit(7)
+"""
+
+
+def test_first_signal_in_graceful_block_asks_for_a_stop_second_one_raises():
+    done = subprocess.run(
+        [sys.executable, "-c", GRACEFUL], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 7, done.stderr
+    assert done.stdout.splitlines() == ["interrupted (SIGINT) 130", "second: KeyboardInterrupt"]
+    assert "finishing the current step, then saving a checkpoint" in done.stderr
+
+
+def test_sigterm_asks_for_a_stop_with_status_143():
+    code = GRACEFUL.replace(
+        "signal.SIGINT)\n    time.sleep(1.5)", "signal.SIGTERM)\n    time.sleep(1.5)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.splitlines()[0] == "interrupted (SIGTERM) 143", done.stderr
