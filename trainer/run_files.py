@@ -1,6 +1,8 @@
 """The run folder's per-step logs (``metrics.jsonl``, ``groups.jsonl``) kept in step with the
 checkpoint a run resumes from: rows written after it (by steps that a stop lost) are dropped
-before the resumed run writes those steps again, so each step appears once.
+before the resumed run writes those steps again, so each step appears once. And the attempt
+counter (``attempts.txt``): every start of a job in the folder gets a new attempt number, which
+tags its sample ids (`trainer.rollout_source`), even when two starts resume the same checkpoint.
 """
 
 from __future__ import annotations
@@ -45,3 +47,15 @@ def truncate_step_logs(run_dir: str | Path, step: int) -> dict[str, int]:
     """`keep_rows_up_to` on each of ``metrics.jsonl`` and ``groups.jsonl`` of `run_dir`;
     returns the rows dropped per file name."""
     return {name: keep_rows_up_to(Path(run_dir) / name, step) for name in STEP_LOGS}
+
+
+def next_attempt(run_dir: str | Path, at_least: int = 0) -> int:
+    """Count one more start of a job in `run_dir` and return its attempt number: one more than
+    the last one recorded in ``run_dir/attempts.txt`` (0 for the first), and at least
+    `at_least` (e.g. the restored checkpoint's attempt + 1). The folder must exist.
+    """
+    file = Path(run_dir) / "attempts.txt"
+    text = file.read_text().strip() if file.exists() else ""
+    attempt = max(int(text) + 1 if text.isdigit() else 0, at_least)
+    file.write_text(f"{attempt}\n")
+    return attempt

@@ -12,8 +12,8 @@ Python runs signal handlers in the main thread between bytecodes, so a signal th
 during a train step (minutes for a real model on a CPU) would wait for it. A watcher thread,
 woken through `signal.set_wakeup_fd` (written by the C-level handler at once), therefore gives
 the main thread `grace_s` seconds after each signal that asks for a prompt stop to begin
-stopping its children; if no `ProcessSet` began by then, the watcher stops every one itself and
-ends the process with status 130.
+stopping its children; if no `ProcessSet` began by then, the watcher stops every one itself,
+runs the `at_forced_exit` callbacks (the job summary) and ends the process with status 130.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from trainer.launch.processes import live_sets
 
@@ -34,6 +34,12 @@ _lock = threading.Lock()
 _graceful_depth = 0
 _requested: str | None = None
 _exit_code = 0
+_forced_exit_hooks: list[Callable[[], None]] = []
+
+
+def at_forced_exit(hook: Callable[[], None]) -> None:
+    """Run `hook` (from the watcher thread, errors ignored) before a forced exit."""
+    _forced_exit_hooks.append(hook)
 
 
 def requested() -> str | None:
@@ -97,6 +103,11 @@ def _watch(read_fd: int, grace_s: float) -> None:
     sys.stderr.write(f"\nthe trainer is busy after {grace_s:.0f} s: stopping every process now\n")
     for procs in live_sets():
         procs.stop_all()
+    for hook in _forced_exit_hooks:
+        try:
+            hook()
+        except Exception as err:  # the exit must happen
+            sys.stderr.write(f"at_forced_exit hook failed: {err}\n")
     sys.stderr.flush()
     os._exit(EXIT_INTERRUPTED)
 

@@ -51,16 +51,22 @@ def run_job(job: JobConfig) -> dict[str, Any]:
         did not register, or rollouts did not come; whatever the trainer raised. Each after
       writing ``RUN_DIR/job_summary.json`` with the error.
     """
+    from trainer.launch import interrupt
     from trainer.launch.report import failure_summary
 
     started = time.time()
-    try:
-        return _run_job(job)
-    except BaseException as err:
-        run_dir = job.run_dir.absolute()
+    run_dir = job.run_dir.absolute()
+
+    def write_failure(err: BaseException) -> None:
         if run_dir.is_dir():
             result = failure_summary(run_dir, err, started)
             (run_dir / "job_summary.json").write_text(json.dumps(result, indent=2) + "\n")
+
+    interrupt.at_forced_exit(lambda: write_failure(KeyboardInterrupt("forced stop (busy)")))
+    try:
+        return _run_job(job)
+    except BaseException as err:
+        write_failure(err)
         raise
 
 

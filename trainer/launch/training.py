@@ -41,6 +41,7 @@ from trainer.publish import WeightPublisher
 from trainer.rewards import ProblemStream, ScoringPool
 from trainer.rewards.base import Problem
 from trainer.rollout_source import RolloutSource
+from trainer.run_files import next_attempt
 from trainer.sharding import make_mesh
 
 
@@ -85,6 +86,7 @@ def train_and_evaluate(
             f"{consumed.count} problems consumed",
             file=sys.stderr, flush=True,
         )  # fmt: skip
+    attempt = next_attempt(run_dir, attempt)  # unique sample ids even at a joined gateway
     engine_ids = wait_for_engines(
         client, launch.num_engines, launch.start_timeout_s, None if launch.gateway else procs
     )
@@ -134,6 +136,7 @@ def train_and_evaluate(
                 trainer.resync_engines()
             before = held_out("before", trainer.version) if data.held_out else None
             remaining = cfg.trainer.steps - int(trainer.state.step)
+            interrupt.reset()  # a stop asked of an earlier job in this process is not ours
             with interrupt.graceful():
                 summary = trainer.run(remaining) if remaining > 0 else trainer.summary()
             waiting_here = source.waiting_here

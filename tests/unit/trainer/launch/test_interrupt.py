@@ -1,5 +1,6 @@
 """The launcher's signal handling: a main thread that never gets to stop its children is
-overtaken by the watcher, which stops them and exits with 130."""
+overtaken by the watcher, which stops them, runs the forced-exit hooks and exits with 130;
+inside `graceful()` the first SIGINT/SIGTERM only asks for a stop (exit status 130/143)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ STUCK = """
 import os, signal, sys, time
 from trainer.launch.interrupt import install
 from trainer.launch.processes import ProcessSet
+import trainer.launch.interrupt as interrupt
 install(grace_s=1.0)
+interrupt.at_forced_exit(lambda: print("hook ran", flush=True))
 signal.signal(signal.SIGINT, lambda *_: None)
 procs = ProcessSet(sys.argv[1], timeout_s=5)
 child = procs.start("sleeper", [sys.executable, "-c", "import time; time.sleep(600)"], os.environ)
@@ -40,6 +43,7 @@ def test_watcher_stops_children_when_main_thread_is_stuck(tmp_path):
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 130
+        assert proc.stdout.read() == "hook ran\n"  # the job summary's hook
         assert 1.0 <= time.monotonic() - t0 < 20
     finally:
         if proc.poll() is None:

@@ -30,3 +30,13 @@ def test_step_zero_clears_a_fresh_runs_folder(tmp_path):
     _write(tmp_path / "metrics.jsonl", [{"step": 1}, {"note": "no step"}, {"step": 2}])
     assert keep_rows_up_to(tmp_path / "metrics.jsonl", 0) == 2
     assert (tmp_path / "metrics.jsonl").read_text() == '{"note": "no step"}\n'
+
+
+def test_every_start_gets_a_new_attempt(tmp_path):
+    from trainer.run_files import next_attempt
+
+    assert [next_attempt(tmp_path) for _ in range(3)] == [0, 1, 2]
+    assert next_attempt(tmp_path, at_least=7) == 7  # a checkpoint's attempt + 1 wins
+    assert next_attempt(tmp_path, at_least=1) == 8  # two starts from one checkpoint differ
+    (tmp_path / "attempts.txt").write_text("torn")
+    assert next_attempt(tmp_path, at_least=2) == 2
