@@ -61,7 +61,7 @@ def _train(args: argparse.Namespace) -> int:
         os._exit(EXIT_INTERRUPTED)  # do not wait for a train step still running in XLA
     print(format_summary(result))
     print(f"run folder: {job.run_dir} (metrics.jsonl, job_summary.json, tensorboard/, logs/)")
-    return 0
+    return int(result.get("exit_code", 0))  # 128 + signal after a graceful SIGINT/SIGTERM stop
 
 
 def main(argv: list[str] | None = None) -> int:

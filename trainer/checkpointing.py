@@ -1,11 +1,12 @@
-"""Training checkpoints with orbax: params, optimizer state, step, data position, weight version
-and the trainer's RNG, so a resumed run continues the same sequence of updates.
+"""Training checkpoints with orbax: params, optimizer state, step, data position (the consumed
+problem positions, `trainer.positions`), weight version, attempt and the trainer's RNG, so a
+resumed run continues the same sequence of updates on exactly the problems not yet consumed.
 
 Layout: ``DIR/<step>/state`` (the `TrainState` arrays, written shard by shard by orbax, restored
 straight onto the mesh of the `abstract_state` target) and ``DIR/<step>/progress`` (JSON: step,
-data position, weight version, RNG key data). Saves are synchronous: when `save` returns, the
-checkpoint is complete on disk (orbax writes to a temporary folder and renames it, so a crash
-mid-save leaves the previous checkpoints intact).
+data frontier and consumed positions beyond it, weight version, attempt, RNG key data). Saves
+are synchronous: when `save` returns, the checkpoint is complete on disk (orbax writes to a
+temporary folder and renames it, so a crash mid-save leaves the previous checkpoints intact).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from trainer.positions import ConsumedPositions
 from trainer.train_step import TrainState
 
 
@@ -26,15 +28,25 @@ class Progress:
 
     Attributes:
       step: updates applied (equals ``TrainState.step``).
-      data_position: problems handed out by the problem stream (its resume point).
+      data_position: the data frontier: every problem position below it was consumed
+        (trained or filtered); prompts in flight at the save are not counted.
       weight_version: the version engines must load to serve these params.
       rng: the trainer's PRNG key (a typed key array, e.g. ``jax.random.key(0)``).
+      consumed_beyond: consumed positions above the frontier, ascending.
+      attempt: how many times the run was resumed before this save (0: the first run).
     """
 
     step: int
     data_position: int
     weight_version: int
     rng: jax.Array
+    consumed_beyond: tuple[int, ...] = ()
+    attempt: int = 0
+
+    @property
+    def consumed(self) -> ConsumedPositions:
+        """The data position as a `ConsumedPositions` (for a `PositionLedger`)."""
+        return ConsumedPositions(self.data_position, self.consumed_beyond)
 
 
 def _state_tree(state: TrainState) -> dict:
@@ -74,6 +86,8 @@ class Checkpointer:
             "step": progress.step,
             "data_position": progress.data_position,
             "weight_version": progress.weight_version,
+            "consumed_beyond": list(progress.consumed_beyond),
+            "attempt": progress.attempt,
             "rng_impl": str(jax.random.key_impl(progress.rng)),
             "rng_data": np.asarray(jax.random.key_data(progress.rng)).tolist(),
         }
@@ -85,6 +99,10 @@ class Checkpointer:
             ),
         )
         self._manager.wait_until_finished()
+
+    def path_of(self, step: int) -> Path:
+        """The folder of checkpoint `step` (it may not exist)."""
+        return self.directory / str(step)
 
     def latest_step(self) -> int | None:
         """The newest saved step, or None when there is no checkpoint."""
@@ -126,6 +144,8 @@ class Checkpointer:
             data_position=int(meta["data_position"]),
             weight_version=int(meta["weight_version"]),
             rng=rng,
+            consumed_beyond=tuple(int(p) for p in meta.get("consumed_beyond", ())),
+            attempt=int(meta.get("attempt", 0)),
         )
         return state, progress
 

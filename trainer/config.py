@@ -61,8 +61,9 @@ class TrainerSection(_Section):
     """Seed of the trainer's RNG and of the problem order."""
     run_dir: str = "runs/default"
     """Folder of metrics.jsonl and checkpoints/."""
-    checkpoint_every: int = Field(default=0, ge=0)
-    """Save a checkpoint every this many updates (0: only at the end)."""
+    checkpoint_every: int = Field(default=5, ge=0)
+    """Save a checkpoint every this many updates (0: only at the end and at a stop); a rerun
+    with the same run_dir resumes from the newest (see resume)."""
     max_checkpoints: int = Field(default=3, ge=1)
     """Checkpoints kept on disk (oldest deleted first)."""
     resume: bool = True
@@ -151,7 +152,8 @@ class RolloutSection(_Section):
     fetch_timeout_s: float = Field(default=1.0, gt=0)
     """Seconds one FetchRollouts call waits."""
     rollout_timeout_s: float = Field(default=600.0, gt=0)
-    """Seconds the trainer waits for the rollouts of one update before failing."""
+    """Seconds of silence (no group arriving from any engine) after which the trainer's wait
+    for an update's rollouts fails; the wait goes on as long as groups keep arriving."""
     sync_timeout_s: float = Field(default=300.0, gt=0)
     """Seconds the trainer waits for engines to load a new version."""
     scoring_workers: int = Field(default=2, ge=1)

@@ -61,9 +61,12 @@ def evaluate(
     expect_drained: int = 0,
     out_dir: Path | None = None,
     decode: Callable[[Sequence[int]], str] | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> EvalResult:
     """Evaluate `problems` at weight `version`; writes ``out_dir/eval_<tag>.jsonl`` (one line per
     problem: id, rewards, completions decoded by `decode`) when `out_dir` is given.
+    `on_progress(back, total)` is called with the eval groups back so far: once at the start
+    (0) and after every fetch that brought some (a progress bar).
 
     Raises:
       ValueError: no problems; TimeoutError: the groups (or `expect_drained` training groups)
@@ -86,6 +89,8 @@ def evaluate(
     ]
     client.submit_prompts(prompts)
     futures: dict[str, Future[RolloutGroup]] = {}
+    if on_progress is not None:
+        on_progress(0, len(prompts))
     drained = 0
     while len(futures) < len(prompts) or drained < expect_drained:
         left = t0 + timeout_s - time.monotonic()
@@ -100,6 +105,8 @@ def evaluate(
                 drained += 1
             else:
                 futures[raw.sample_id] = scoring.score_async(group_from_gateway(raw), problem)
+                if on_progress is not None:
+                    on_progress(len(futures), len(prompts))
     rows = []
     for sid, future in sorted(futures.items(), key=lambda kv: int(kv[0].rsplit("/", 1)[1])):
         group = future.result(timeout=timeout_s)

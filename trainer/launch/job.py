@@ -14,7 +14,10 @@
 
 Its result (also ``RUN_DIR/job_summary.json``) holds the loop totals, the in-flight groups
 taken back after the stop, the engines' final versions, held-out accuracy before and after,
-the wall time and the plot's path.
+the wall time, the plot's path, and why the run stopped (``stop_reason``; ``exit_code`` is 128 +
+the signal after a graceful SIGINT/SIGTERM stop). ``job_summary.json`` is written on every way
+out: when the job fails, it holds the error, the loop totals so far and the checkpoints saved
+(`trainer.launch.report.failure_summary`).
 """
 
 from __future__ import annotations
@@ -45,8 +48,29 @@ def run_job(job: JobConfig) -> dict[str, Any]:
 
     Raises:
       RuntimeError: a child process exited early (its log's tail inside); TimeoutError: engines
-        did not register, or rollouts did not come; whatever the trainer raised.
+        did not register, or rollouts did not come; whatever the trainer raised. Each after
+      writing ``RUN_DIR/job_summary.json`` with the error.
     """
+    from trainer.launch import interrupt
+    from trainer.launch.report import failure_summary
+
+    started = time.time()
+    run_dir = job.run_dir.absolute()
+
+    def write_failure(err: BaseException) -> None:
+        if run_dir.is_dir():
+            result = failure_summary(run_dir, err, started)
+            (run_dir / "job_summary.json").write_text(json.dumps(result, indent=2) + "\n")
+
+    interrupt.at_forced_exit(lambda: write_failure(KeyboardInterrupt("forced stop (busy)")))
+    try:
+        return _run_job(job)
+    except BaseException as err:
+        write_failure(err)
+        raise
+
+
+def _run_job(job: JobConfig) -> dict[str, Any]:
     t_start = time.monotonic()
     run_dir = job.run_dir.absolute()
     run_dir.mkdir(parents=True, exist_ok=True)

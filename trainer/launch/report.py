@@ -3,13 +3,15 @@ plot of reward and lag per step.
 
 `Reporter.on_metrics(row)` takes each line the trainer appends to ``metrics.jsonl`` (a dict of
 step metrics, see `trainer.loop`): the bar shows step, mean reward, mean lag and rollout
-tokens/s; every numeric entry becomes a TensorBoard scalar under ``RUN_DIR/tensorboard`` at its
-step. `plot_metrics` reads ``metrics.jsonl`` back and draws the plot with matplotlib (Agg).
+tokens/s; `on_eval_progress` draws a second bar of held-out groups back during an evaluation;
+every numeric entry becomes a TensorBoard scalar under ``RUN_DIR/tensorboard`` at its step.
+`plot_metrics` reads ``metrics.jsonl`` back and draws the plot with matplotlib (Agg).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,9 @@ class Reporter:
         from torch.utils.tensorboard import SummaryWriter
         from tqdm import tqdm
 
+        self._tqdm = tqdm
+        self._show_bar = show_bar
+        self._eval_bars: dict[str, Any] = {}
         self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"))
         self.bar = tqdm(
             total=total_steps, initial=first_step, desc="train", unit="step", disable=not show_bar
@@ -55,6 +60,27 @@ class Reporter:
         )
         self.bar.update(1)
 
+    def on_eval_progress(self, tag: str, back: int, total: int) -> None:
+        """An evaluation's progress: `back` of its `total` held-out groups returned. Draws a
+        bar "eval TAG" (unit: group) below the training bar, closed once all are back.
+
+        Raises:
+          ValueError: back < 0 or back > total.
+        """
+        if not 0 <= back <= total:
+            raise ValueError(f"eval progress {back}/{total} is out of range")
+        bar = self._eval_bars.get(tag)
+        if bar is None:
+            bar = self._tqdm(
+                total=total, desc=f"eval {tag}", unit="group", position=1, leave=False,
+                mininterval=0, disable=not self._show_bar,
+            )  # fmt: skip
+            self._eval_bars[tag] = bar
+        bar.update(back - bar.n)
+        if back == total:
+            bar.close()
+            del self._eval_bars[tag]
+
     def on_eval(self, tag: str, accuracy: float, step: int) -> None:
         """A held-out accuracy ("eval/accuracy" at `step`) and a line under the bar."""
         self.writer.add_scalar("eval/accuracy", accuracy, step)
@@ -62,7 +88,10 @@ class Reporter:
         self.bar.write(f"held-out accuracy {tag} (step {step}): {accuracy:.3f}")
 
     def close(self) -> None:
-        """Close the bar and the writer."""
+        """Close the bars and the writer."""
+        for bar in self._eval_bars.values():
+            bar.close()
+        self._eval_bars.clear()
         self.bar.close()
         self.writer.close()
 
@@ -136,8 +165,40 @@ def format_summary(result: dict[str, Any]) -> str:
             f"{before['accuracy']:.3f} before (v{before['version']}) -> "
             f"{after['accuracy']:.3f} after (v{after['version']})"
         )
+    reason = result.get("stop_reason", "completed")
+    if reason != "completed":
+        lines.append(
+            f"stopped: {reason}; checkpoint at step {loop['steps']} (rerun the same command "
+            "to resume)"
+        )
     if "wall_time_s" in result:
         lines.append(f"wall time {result['wall_time_s']:.0f} s")
     if result.get("plot"):
         lines.append(f"plot: {result['plot']}")
     return "\n".join(lines)
+
+
+def failure_summary(run_dir: str | Path, err: BaseException, started: float) -> dict[str, Any]:
+    """The job summary of a run that ended with `err` (an exception or a forced interrupt):
+    the reason, the loop totals of ``run_dir/summary.json`` when this run wrote it (modified
+    after `started`, a `time.time()` in seconds), the saved checkpoint steps, the last step in
+    ``metrics.jsonl`` and the wall time."""
+    run = Path(run_dir)
+    loop_file = run / "summary.json"
+    loop = None
+    if loop_file.exists() and loop_file.stat().st_mtime >= started:
+        loop = json.loads(loop_file.read_text())
+    ckpt = run / "checkpoints"
+    steps = sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit()) if ckpt.is_dir() else []
+    try:
+        rows = read_metrics(run)
+    except ValueError:  # a line torn by a kill mid-write
+        rows = []
+    return {
+        "stop_reason": f"{type(err).__name__}: {err}",
+        "exit_code": None,
+        "loop": loop,
+        "checkpoint_steps": steps,
+        "last_metrics_step": rows[-1]["step"] if rows else None,
+        "wall_time_s": time.time() - started,
+    }

@@ -1,14 +1,19 @@
 """The trainer's part of the main job, once the gateway answers and engines are starting.
 
-Builds the model, train step, checkpointer (resuming from ``RUN_DIR/checkpoints`` when asked),
-weight publisher (gloo) and rollout source; evaluates the held-out split, trains
-``trainer.steps`` updates with a progress bar and TensorBoard, evaluates again at the final
-version while taking back the training groups still in flight, and plots reward and lag.
+Builds the model, train step, checkpointer (resuming from ``RUN_DIR/checkpoints`` when asked:
+it prints "resuming from step N (checkpoint PATH)"; the problems in flight at that checkpoint
+are submitted again), weight publisher (gloo) and rollout source; evaluates the held-out split
+(with a progress bar of groups back), trains ``trainer.steps`` updates with a progress bar and
+TensorBoard, evaluates again at the final version while taking back the training groups still
+in flight, and plots reward and lag. A SIGINT or SIGTERM during training stops it after the
+update under way and a checkpoint (`trainer.launch.interrupt`); the final evaluation is then
+skipped and the result's ``exit_code`` is 128 + the signal.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +27,7 @@ from gateway.transport.config import GlooTransportConfig, NcclTransportConfig
 from trainer.build import train_step_from_config
 from trainer.checkpointing import Checkpointer
 from trainer.checkpoints.hf_io import load_hf_checkpoint
+from trainer.launch import interrupt
 from trainer.launch.commands import resolve_data_plane
 from trainer.launch.data import JobData
 from trainer.launch.evaluate import EvalResult, drain_training_groups, evaluate
@@ -30,10 +36,12 @@ from trainer.launch.processes import ProcessSet
 from trainer.launch.report import Reporter, plot_metrics, read_metrics
 from trainer.launch.stack import wait_for_engines
 from trainer.loop import AsyncTrainer
+from trainer.positions import ConsumedPositions, PositionLedger
 from trainer.publish import WeightPublisher
 from trainer.rewards import ProblemStream, ScoringPool
 from trainer.rewards.base import Problem
 from trainer.rollout_source import RolloutSource
+from trainer.run_files import next_attempt
 from trainer.sharding import make_mesh
 
 
@@ -66,10 +74,19 @@ def train_and_evaluate(
     )
     step = train_step_from_config(cfg, model, mesh)
     checkpointer = Checkpointer(run_dir / "checkpoints", cfg.trainer.max_checkpoints)
-    state, version, position, rng = step.init_state(model), 0, 0, None
+    state, version, rng = step.init_state(model), 0, None
+    consumed, attempt, resumed_from = ConsumedPositions(), 0, None
     if cfg.trainer.resume and checkpointer.latest_step() is not None:
         state, progress = checkpointer.restore(step.abstract_state())
-        version, position, rng = progress.weight_version, progress.data_position, progress.rng
+        version, rng = progress.weight_version, progress.rng
+        consumed, attempt, resumed_from = progress.consumed, progress.attempt + 1, progress.step
+        print(
+            f"resuming from step {progress.step} (checkpoint "
+            f"{checkpointer.path_of(progress.step)}): weight version {version}, "
+            f"{consumed.count} problems consumed",
+            file=sys.stderr, flush=True,
+        )  # fmt: skip
+    attempt = next_attempt(run_dir, attempt)  # unique sample ids even at a joined gateway
     engine_ids = wait_for_engines(
         client, launch.num_engines, launch.start_timeout_s, None if launch.gateway else procs
     )
@@ -93,32 +110,41 @@ def train_and_evaluate(
                     samples=job.eval.samples, version=at, tag=tag,
                     timeout_s=job.eval.timeout_s, expect_drained=expect_drained,
                     out_dir=run_dir, decode=decode,
+                    on_progress=lambda back, total: reporter.on_eval_progress(tag, back, total),
                 )  # fmt: skip
                 reporter.on_eval(tag, result.accuracy, int(trainer.state.step))
                 return result
 
             source = RolloutSource(
                 client,
-                ProblemStream(data.train, seed=cfg.trainer.seed, position=position),
+                ProblemStream(data.train, seed=cfg.trainer.seed),
                 encode,
                 scoring,
                 group_size=r.group_size,
                 sampling=_sampling(job, r.temperature, r.max_new_tokens),
                 fetch_timeout_s=r.fetch_timeout_s,
+                ledger=PositionLedger(consumed),
+                attempt=attempt,
             )
             trainer = AsyncTrainer(
                 cfg, step, state, source, publisher, run_dir, version=version, rng=rng,
                 checkpointer=checkpointer, client=client, pad_id=pad_id,
                 on_metrics=reporter.on_metrics, before_update=procs.check_alive,
+                stop_requested=interrupt.requested,
             )  # fmt: skip
             if version:
                 trainer.resync_engines()
             before = held_out("before", trainer.version) if data.held_out else None
             remaining = cfg.trainer.steps - int(trainer.state.step)
-            summary = trainer.run(remaining) if remaining > 0 else trainer.summary()
+            interrupt.reset()  # a stop asked of an earlier job in this process is not ours
+            with interrupt.graceful():
+                summary = trainer.run(remaining) if remaining > 0 else trainer.summary()
             waiting_here = source.waiting_here
             expected = summary.in_flight - waiting_here
-            if data.held_out:
+            stopped = interrupt.requested()
+            if stopped:  # the user wants out: no final evaluation, no drain
+                after, drained = None, 0
+            elif data.held_out:
                 after = held_out("after", trainer.version, expected)
                 drained = after.drained
             else:
@@ -131,6 +157,9 @@ def train_and_evaluate(
         checkpointer.close()
     rewards = [row["reward_mean"] for row in read_metrics(run_dir)]
     return {
+        "stop_reason": stopped or "completed",
+        "exit_code": interrupt.exit_code() if stopped else 0,
+        "resumed_from_step": resumed_from,
         "backend": r.backend,
         "model": str(model_path),
         "engine_ids": engine_ids,

@@ -55,6 +55,16 @@ class ProblemStream:
             self._epoch = epoch
         return int(self._order[offset])
 
+    def at(self, position: int) -> Problem:
+        """The problem at `position` (the one `next_batch` hands out there), for any position.
+
+        Raises:
+          ValueError: for a negative position.
+        """
+        if position < 0:
+            raise ValueError(f"position must be >= 0; got {position}")
+        return self._problems[self._index(position)]
+
     def next_batch(self, n: int) -> list[tuple[str, Problem]]:
         """The next `n` problems as ``(sample_id, problem)``, sample_id = ``"<position>:<id>"``.
 

@@ -1,5 +1,6 @@
 """The launcher's signal handling: a main thread that never gets to stop its children is
-overtaken by the watcher, which stops them and exits with 130."""
+overtaken by the watcher, which stops them, runs the forced-exit hooks and exits with 130;
+inside `graceful()` the first SIGINT/SIGTERM only asks for a stop (exit status 130/143)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ STUCK = """
 import os, signal, sys, time
 from trainer.launch.interrupt import install
 from trainer.launch.processes import ProcessSet
+import trainer.launch.interrupt as interrupt
 install(grace_s=1.0)
+interrupt.at_forced_exit(lambda: print("hook ran", flush=True))
 signal.signal(signal.SIGINT, lambda *_: None)
 procs = ProcessSet(sys.argv[1], timeout_s=5)
 child = procs.start("sleeper", [sys.executable, "-c", "import time; time.sleep(600)"], os.environ)
@@ -40,6 +43,7 @@ def test_watcher_stops_children_when_main_thread_is_stuck(tmp_path):
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 130
+        assert proc.stdout.read() == "hook ran\n"  # the job summary's hook
         assert 1.0 <= time.monotonic() - t0 < 20
     finally:
         if proc.poll() is None:
@@ -51,3 +55,42 @@ def test_watcher_stops_children_when_main_thread_is_stuck(tmp_path):
 def test_install_rejects_a_bad_grace():
     with pytest.raises(ValueError, match="grace_s must be > 0"):
         install(grace_s=0)
+
+
+# Inside graceful(): the first SIGINT is recorded (the watcher does not kill), the second raises.
+GRACEFUL = """
+import os, signal, sys, time
+from trainer.launch import interrupt
+interrupt.install(grace_s=0.5)
+with interrupt.graceful():
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(1.5)  # past grace_s: a watcher that wrongly acted would have ended us with 130
+    print(interrupt.requested(), interrupt.exit_code(), flush=True)
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+        print("not raised", flush=True)
+    except KeyboardInterrupt:
+        print("second: KeyboardInterrupt", flush=True)
+sys.stdout.flush()
+os._exit(7)
+"""
+
+
+def test_first_signal_in_graceful_block_asks_for_a_stop_second_one_raises():
+    done = subprocess.run(
+        [sys.executable, "-c", GRACEFUL], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 7, done.stderr
+    assert done.stdout.splitlines() == ["interrupted (SIGINT) 130", "second: KeyboardInterrupt"]
+    assert "finishing the current step, then saving a checkpoint" in done.stderr
+
+
+def test_sigterm_asks_for_a_stop_with_status_143():
+    code = GRACEFUL.replace(
+        "signal.SIGINT)\n    time.sleep(1.5)", "signal.SIGTERM)\n    time.sleep(1.5)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.splitlines()[0] == "interrupted (SIGTERM) 143", done.stderr

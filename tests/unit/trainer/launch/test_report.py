@@ -31,3 +31,40 @@ def test_reporter_writes_scalars_and_plot(tmp_path):
     assert len(read_metrics(tmp_path)) == 3
     png = plot_metrics(tmp_path)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_eval_progress_bar_counts_groups_back(tmp_path, capsys):
+    reporter = Reporter(tmp_path, total_steps=3, show_bar=True)
+    for back in (0, 1, 3, 4):
+        reporter.on_eval_progress("before", back, 4)
+    assert "before" not in reporter._eval_bars  # closed once every group is back
+    reporter.on_eval_progress("after", 2, 4)
+    try:
+        reporter.on_eval_progress("after", 5, 4)
+        raise AssertionError("5/4 accepted")
+    except ValueError as err:
+        assert "5/4 is out of range" in str(err)
+    reporter.close()
+    err = capsys.readouterr().err
+    for shown in ("eval before:  25%", "1/4", "3/4", "eval after:  50%", "2/4"):
+        assert shown in err, err
+
+
+def test_failure_summary_and_stop_line(tmp_path):
+    import time
+
+    from trainer.launch.report import failure_summary, format_summary
+
+    started = time.time() - 1
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(_row(1)) + "\n" + json.dumps(_row(2)))
+    (tmp_path / "summary.json").write_text(json.dumps({"steps": 2, "stop_reason": "x"}))
+    (tmp_path / "checkpoints" / "2").mkdir(parents=True)
+    out = failure_summary(tmp_path, TimeoutError("no group arrived"), started)
+    assert out["stop_reason"] == "TimeoutError: no group arrived"
+    assert (out["loop"]["steps"], out["checkpoint_steps"], out["last_metrics_step"]) == (2, [2], 2)
+    stale = failure_summary(tmp_path, RuntimeError("x"), time.time() + 60)
+    assert stale["loop"] is None  # summary.json from an earlier run is not this run's
+    loop = {"steps": 2, "version": 2, "submitted": 12, "trained_groups": 8, "filtered_lag": 0,
+            "filtered_zero_variance": 0, "filtered_aborted": 0, "in_flight": 4}  # fmt: skip
+    text = format_summary({"loop": loop, "backend": "jax", "stop_reason": "interrupted (SIGINT)"})
+    assert "stopped: interrupted (SIGINT); checkpoint at step 2 (rerun the same command" in text

@@ -37,7 +37,8 @@ def encode(problem: Problem) -> list[int]:
 
 def _trainer(tmp_path, client, tiny_step, publisher, *, loop=None, trainer=None, **rollout):
     """An AsyncTrainer (P=2, G=2) and its scoring pool; `loop` holds extra AsyncTrainer keyword
-    arguments (state, version, checkpointer, client, position), `trainer` config overrides."""
+    arguments (state, version, checkpointer, client, stop_requested; position, ledger and attempt
+    go to the source), `trainer` config overrides."""
     loop = dict(loop or {})
     cfg = load_config(
         trainer={"prompts_per_step": 2, **(trainer or {})},
@@ -53,6 +54,8 @@ def _trainer(tmp_path, client, tiny_step, publisher, *, loop=None, trainer=None,
         group_size=2,
         sampling=m.SamplingParams(max_new_tokens=4),
         fetch_timeout_s=0.2,
+        ledger=loop.pop("ledger", None),
+        attempt=loop.pop("attempt", 0),
     )
     state = loop.pop("state", None) or step.init_state(model)
     return AsyncTrainer(cfg, step, state, source, publisher, tmp_path / "run", **loop), scoring
@@ -63,7 +66,7 @@ def _lines(path):
 
 
 def _expected_rewards(sample_id: str) -> list[float]:
-    i = int(sample_id.split(":p")[1])
+    i = int(sample_id.split(":p")[1])  # "<position>[@<attempt>]:p<i>"
     if i == 8:  # the conftest engine aborts p8: empty completions score 0
         return [0.0, 0.0]
     return [0.5, 0.5] if i % 3 == 0 else [0.0, 0.25]
@@ -154,20 +157,33 @@ def test_lag_and_zero_variance_filters_with_slow_trainer(tmp_path, gateway_run, 
 
 
 def test_no_engine_times_out_with_a_clear_error(tmp_path, tiny_step, kit):
+    from trainer.checkpointing import Checkpointer
+
     server = GatewayServer(GatewayConfig(model_family="llama"), kit.TOKENS).start()
     client = GatewayClient(server.address, kit.TOKENS["trainer"])
     try:
-        trainer, scoring = _trainer(
-            tmp_path,
-            client,
-            tiny_step,
-            kit.VersionPublisher(client),
-            rollout_timeout_s=0.5,
-            max_lag=0,
-        )
-        with scoring, pytest.raises(TimeoutError, match="no rollout group within 0.5 s"):
-            trainer.run(1)
+        with Checkpointer(tmp_path / "ckpt") as ckpt:
+            trainer, scoring = _trainer(
+                tmp_path,
+                client,
+                tiny_step,
+                kit.VersionPublisher(client),
+                loop={"checkpointer": ckpt},
+                rollout_timeout_s=0.5,
+                max_lag=0,
+            )
+            expected = (
+                r"waiting for the groups of update 1 \(0/2 kept, 0 taken\): no group arrived "
+                r"for 0.5 s \(rollout.rollout_timeout_s\); 0 groups arrived in this run \(from "
+                r"no engine\), 2 prompts in flight; no engine is registered at the gateway"
+            )
+            with scoring, pytest.raises(TimeoutError, match=expected):
+                trainer.run(1)
+            assert ckpt.all_steps() == [0]  # a failure between updates still saves
         assert trainer.summary().in_flight == 2
+        written = json.loads((tmp_path / "run" / "summary.json").read_text())
+        assert written["stop_reason"].startswith("TimeoutError: waiting for the groups")
+        assert (written["steps"], written["submitted"], written["in_flight"]) == (0, 2, 2)
     finally:
         client.close()
         server.stop(0)
@@ -227,3 +243,92 @@ def test_checkpoints_and_resume_resync_engines(tmp_path, gateway_run, tiny_step,
         other_engine.stop()
         fresh.close()
         server.stop(0)
+
+
+def test_stop_request_checkpoints_and_resume_redoes_the_prompts_in_flight(
+    tmp_path, gateway_run, tiny_step, kit
+):
+    """A stop asked for at the start of update 3 (as a SIGINT would be) abandons it, saves step
+    2 with 6 prompts in flight (update 3's and those kept ahead at max_lag=1), and a resumed
+    trainer (a fresh gateway, the same run folder) trains steps 3..4 on those prompts first:
+    over both runs
+    every consumed position appears once, none is skipped, and lag <= max_lag throughout."""
+    from trainer.checkpointing import Checkpointer
+    from trainer.positions import PositionLedger
+
+    _, client, engine = gateway_run
+    run_dir = tmp_path / "run"
+    calls: list[int] = []
+    stop = {"reason": None}
+
+    def before_update():
+        calls.append(1)
+        if len(calls) == 3:
+            stop["reason"] = "interrupted (test)"
+
+    rollout = {"max_lag": 1, "queue_steps": 3}
+    with Checkpointer(tmp_path / "ckpt") as ckpt:
+        loop = {"checkpointer": ckpt, "before_update": before_update,
+                "stop_requested": lambda: stop["reason"]}  # fmt: skip
+        first, scoring = _trainer(
+            tmp_path, client, tiny_step, kit.VersionPublisher(client), loop=loop,
+            trainer={"checkpoint_every": 0}, **rollout,
+        )  # fmt: skip
+        with scoring:
+            one = first.run(4)
+        assert ckpt.all_steps() == [2]
+        state, progress = ckpt.restore(tiny_step[1].abstract_state())
+    assert (one.steps, one.stop_reason) == (2, "interrupted (test)")
+    in_flight_at_stop = first.source.ledger.in_flight
+    # update 3 topped up to P + (queue_steps - 1) * P before its first wait saw the stop
+    assert len(in_flight_at_stop) == one.in_flight == 6
+    filtered = one.filtered_lag + one.filtered_zero_variance + one.filtered_aborted
+    assert one.submitted == one.trained_groups + filtered + one.in_flight
+    assert (progress.data_position, progress.consumed_beyond) == (
+        one.data_frontier,
+        one.consumed_beyond,
+    )
+    assert progress.data_position + len(progress.consumed_beyond) == one.trained_groups + filtered
+    # a row of a lost step (written before a kill) is dropped on resume
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 3, "lost": True}) + "\n")
+
+    server = GatewayServer(GatewayConfig(model_family="llama", max_wait_s=5.0), kit.TOKENS).start()
+    fresh = GatewayClient(server.address, kit.TOKENS["trainer"], margin_s=5.0)
+    other_engine = type(engine)(server.address)
+    other_engine.start()
+    try:
+        loop = {"state": state, "version": progress.weight_version, "rng": progress.rng,
+                "client": fresh, "ledger": PositionLedger(progress.consumed),
+                "attempt": progress.attempt + 1}  # fmt: skip
+        resumed, scoring = _trainer(
+            tmp_path, fresh, tiny_step, kit.VersionPublisher(fresh), loop=loop, **rollout
+        )
+        while not fresh.status().engines:
+            time.sleep(0.05)
+        resumed.resync_engines()
+        with scoring:
+            two = resumed.run(2)
+    finally:
+        other_engine.stop()
+        fresh.close()
+        server.stop(0)
+    assert (two.steps, two.stop_reason) == (4, "completed")
+    filtered = two.filtered_lag + two.filtered_zero_variance + two.filtered_aborted
+    assert two.submitted == two.trained_groups + filtered + two.in_flight
+
+    metrics = _lines(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in metrics] == [1, 2, 3, 4]
+    groups = _lines(run_dir / "groups.jsonl")
+    positions = [g["position"] for g in groups]
+    assert len(positions) == len(set(positions))  # none consumed twice
+    assert set(positions) == set(range(two.data_frontier)) | set(two.consumed_beyond)  # no gap
+    assert len(positions) == one.trained_groups + one.filtered_lag + one.filtered_zero_variance \
+        + one.filtered_aborted + two.trained_groups + filtered  # fmt: skip
+    second = [g for g in groups if g["step"] >= 3]
+    assert all("@1:" in g["sample_id"] for g in second)  # the resumed attempt's ids
+    # the resumed run submitted the positions in flight at the stop, then new ones from 10
+    submitted_again = {g["position"] for g in second} | set(resumed.source.ledger.in_flight)
+    new = range(one.submitted, one.submitted + two.submitted - len(in_flight_at_stop))
+    assert submitted_again == set(in_flight_at_stop) | set(new)
+    assert all(g["lag"] <= 1 for g in groups if g["outcome"] == "trained")

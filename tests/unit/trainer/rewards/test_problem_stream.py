@@ -32,3 +32,12 @@ def test_no_shuffle_keeps_order_and_errors():
         ProblemStream([])
     with pytest.raises(ValueError, match="n must be >= 1"):
         stream.next_batch(0)
+
+
+def test_at_gives_the_problem_next_batch_hands_out_at_any_position():
+    handed = ProblemStream(PROBLEMS, seed=5).next_batch(3 * len(PROBLEMS))  # three epochs
+    stream = ProblemStream(PROBLEMS, seed=5)
+    for position in [12, 2, len(PROBLEMS), 0, 3 * len(PROBLEMS) - 1, 7]:  # out of order
+        assert stream.at(position) is handed[position][1]
+    with pytest.raises(ValueError, match="position must be >= 0"):
+        stream.at(-1)

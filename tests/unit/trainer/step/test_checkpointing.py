@@ -82,5 +82,12 @@ def test_checkpointer_keeps_newest_and_refuses_bad_calls(tmp_path, model_factory
             ckpt.save(state, Progress(2, 0, 0, jax.random.key(0)))
         restored, progress = ckpt.restore(step.abstract_state(), step=1)
         assert (progress.data_position, int(restored.step)) == (10, 1)
+        assert (progress.consumed_beyond, progress.attempt) == ((), 0)
+        state = step.init_state(model, step=3)
+        ckpt.save(state, Progress(3, 10, 3, jax.random.key(3), consumed_beyond=(12, 15), attempt=2))
+        _, progress = ckpt.restore(step.abstract_state())
+        assert (progress.step, progress.consumed_beyond, progress.attempt) == (3, (12, 15), 2)
+        assert progress.consumed.count == 12
+        assert ckpt.path_of(3).is_dir()
         with pytest.raises(FileNotFoundError, match="no checkpoint 0"):
             ckpt.restore(step.abstract_state(), step=0)
