@@ -74,7 +74,8 @@ class EvalSection(_Section):
     max_new_tokens: int | None = Field(default=None, ge=1)
     """None: rollout.max_new_tokens."""
     timeout_s: float = Field(default=600.0, gt=0)
-    """Most seconds one evaluation waits for its groups."""
+    """Seconds of silence (no group coming back) after which an evaluation, or the drain of
+    in-flight training groups after the stop, fails; the whole evaluation may take longer."""
 
 
 class LaunchSection(_Section):
