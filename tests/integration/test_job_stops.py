@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 from safetensors.numpy import load_file, save_file
 
@@ -53,11 +54,23 @@ def _job(tmp_path: Path, model: Path, *overrides: str):
     )  # fmt: skip
 
 
+def _listening(pid: int) -> list[tuple[str, int]]:
+    """(address, port) of every TCP socket process `pid` listens on (an IPv4-mapped IPv6
+    address, as gRPC binds, read as the IPv4 one)."""
+    conns = psutil.Process(pid).net_connections("tcp")
+    return sorted(
+        (c.laddr.ip.removeprefix("::ffff:"), c.laddr.port)
+        for c in conns
+        if c.status == psutil.CONN_LISTEN
+    )
+
+
 def _failing(seen: dict):
     def train_and_evaluate(job, client, procs, *args):
         if not job.launch.gateway:  # wait until the engine started here registered
             seen["engines"] = wait_for_engines(client, 1, waits.CEILING_S, procs)
             seen["children"] = list(procs.children)
+            seen["listening"] = {c.name: _listening(c.proc.pid) for c in procs.children}
         raise RuntimeError("injected trainer failure")
 
     return train_and_evaluate
@@ -74,6 +87,9 @@ def test_failed_trainer_stops_the_gateway_and_engines_it_started(
     children = seen["children"]
     assert [c.name for c in children] == ["gateway", "engine0"]
     assert len(seen["engines"]) == 1
+    # launch.host=127.0.0.1: the gateway listens on its one port there, the engine on nothing
+    (gateway_port,) = [p for _, p in seen["listening"]["gateway"]]
+    assert seen["listening"] == {"gateway": [("127.0.0.1", gateway_port)], "engine0": []}
     # each stopped by SIGTERM and exited by itself (a SIGKILL would read -9)
     assert {c.name: c.proc.returncode for c in children} == {"gateway": 0, "engine0": 0}
     for c in children:  # nothing of their process groups is left
