@@ -3,7 +3,7 @@
 - A trainer that fails after its gateway and engine started stops both (each exits by SIGTERM
   cleanly, status 0, none SIGKILLed), and no process of the run is left.
 - A trainer that joined a gateway (`launch.gateway`) leaves it and its engine serving when it
-  fails and when it finishes; `launch.stop_joined=true` shuts them down at the end.
+  fails and when it finishes; with `launch.stop_joined=true` even a failing one shuts them down.
 - A checkpoint that lacks a tensor, and a data file that does not exist, fail before any
   process starts (no log of a child in the run folder).
 
@@ -144,7 +144,9 @@ def test_joined_gateway_and_engine_keep_running_unless_asked(
         assert [e.engine_id for e in client.status().engines] == [engine_id]
         assert not client.status().shutting_down
 
-        run_job(_job(tmp_path, model, *joined, "launch.stop_joined=true"))
+        monkeypatch.setattr("trainer.launch.training.train_and_evaluate", _failing({}))
+        with pytest.raises(RuntimeError, match="injected trainer failure"):
+            run_job(_job(tmp_path, model, *joined, "launch.stop_joined=true"))
         assert [waits.exit_status(p, "a joined process's exit") for p in procs] == [0, 0]
     finally:
         client.close()

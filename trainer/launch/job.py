@@ -14,8 +14,7 @@
 5. shuts the gateway down (engines exit on their own), then stops every child process
    (SIGTERM, then SIGKILL after launch.stop_timeout_s). An exception or Ctrl-C stops them too.
    Only what this process started is stopped: a gateway joined through ``launch.gateway``
-   (and its engines) keeps running after a failure, and after a success unless
-   launch.stop_joined.
+   (and its engines) keeps running, after a success or a failure, unless launch.stop_joined.
 
 Its result (also ``RUN_DIR/job_summary.json``) holds the loop totals, the in-flight groups
 taken back after the stop, the engines' final versions, held-out accuracy before and after,
@@ -24,6 +23,7 @@ the wall time and the plot's path.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -63,6 +63,7 @@ def run_job(job: JobConfig) -> dict[str, Any]:
 
     from gateway import messages as m
     from gateway.client import GatewayClient
+    from gateway.errors import GatewayError
     from trainer.checkpoints.hf_io import read_hf_config
     from trainer.launch.data import load_job_data, make_decoder, make_encoder
     from trainer.launch.model_source import check_checkpoint, resolve_model
@@ -110,6 +111,11 @@ def run_job(job: JobConfig) -> dict[str, Any]:
             )
             if not launch.gateway or launch.stop_joined:
                 client.shutdown("the training job finished")
+        except BaseException as e:
+            if launch.gateway and launch.stop_joined:  # asked to: a joined gateway goes too
+                with contextlib.suppress(GatewayError):
+                    client.shutdown(f"the trainer failed: {type(e).__name__}"[:200])
+            raise
         finally:
             client.close()
         procs.wait_all(launch.stop_timeout_s)

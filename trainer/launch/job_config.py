@@ -96,8 +96,8 @@ class LaunchSection(_Section):
     """HOST:PORT of a gateway started elsewhere: then this process only trains (no gateway or
     engines started here) and waits for num_engines engines to register. Empty: start both."""
     stop_joined: bool = False
-    """With launch.gateway: shut that gateway (and with it its engines) down at the end of a
-    run that finished; False leaves it serving. A failed run never stops what it joined."""
+    """With launch.gateway: shut that gateway (and with it its engines) down when this run
+    ends, finished or failed; False leaves it serving either way."""
     token_file: str = ""
     """Token file of that gateway (`python -m gateway make-tokens`); empty: RUN_DIR/tokens.txt."""
     host: str = "127.0.0.1"
