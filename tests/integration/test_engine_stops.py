@@ -1,8 +1,9 @@
 """Timeouts that measure silence, clean stops and early refusals, with a real gateway process and
 a real `python -m rollout_engine` JAX engine process.
 
-- An evaluation of 32 groups whose engine is slowed (SIGSTOP / SIGCONT, stopped for longer
-  than the eval timeout in total but never silent for longer than it) completes; an engine
+- An evaluation of 32 groups whose engine is slowed (SIGSTOP / SIGCONT: stopped 2.5 s before
+  it and after every 6 groups returned, so for longer than the 6 s eval timeout in total but
+  never silent for longer than it) completes; an engine
   stopped for longer than the timeout fails the wait with a message naming it.
 - An engine with a wrong token, or facing a dead gateway, exits with status 1 before it starts
   its backend; SIGTERM ends an engine whose gateway is gone within its stop bound (its retry
@@ -35,7 +36,7 @@ wait_for, exit_status = waits.wait_for, waits.exit_status
 
 TOKENS = {"trainer": "trainer-token-0123456789", "engine": "engine-token-0123456789"}
 SAMPLING = m.SamplingParams(temperature=1.0, max_new_tokens=16)
-STOP_S, RUN_S, TIMEOUT_S = 2.5, 0.4, 6.0  # one empty run window still stays under the timeout
+STOP_S, EVERY, TIMEOUT_S = 2.5, 6, 6.0  # each stop is far shorter than the eval timeout
 
 
 def _problems(n: int) -> list[Problem]:
@@ -105,16 +106,27 @@ def test_slowed_engine_finishes_the_eval_stopped_engine_fails_it_sigterm_ends_it
 
             run_eval("warm", 2, 3600.0)  # the engine compiles its prefill and decode here
 
-            # slowed: stopped STOP_S at a time, run RUN_S between stops, until the eval is back
+            # slowed: stopped STOP_S at a time, before the eval and again after every EVERY
+            # groups it returned (so however fast it runs, it is stopped 32 / EVERY times)
             done, stops, out = threading.Event(), [0], {}
 
+            def returned() -> int:
+                return int(client.status().counters.groups_returned)
+
+            def pause() -> None:
+                os.killpg(engine.pid, signal.SIGSTOP)
+                stops[0] += 1
+                done.wait(STOP_S)
+                os.killpg(engine.pid, signal.SIGCONT)
+
             def slow_down() -> None:
+                mark = returned()
+                pause()
                 while not done.is_set():
-                    os.killpg(engine.pid, signal.SIGSTOP)
-                    stops[0] += 1
-                    done.wait(STOP_S)
-                    os.killpg(engine.pid, signal.SIGCONT)
-                    done.wait(RUN_S)
+                    if returned() >= mark + EVERY:
+                        mark = returned()
+                        pause()
+                    done.wait(0.02)
 
             driver = threading.Thread(target=slow_down, daemon=True)
             driver.start()
