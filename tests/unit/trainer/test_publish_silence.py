@@ -61,7 +61,8 @@ def test_loaded_wait_counts_silence_not_the_whole_push(tiny_checkpoint, tmp_path
             assert all(b.weight_version == 1 for b in backends)
         else:
             text = str(out["error"])
-            assert f"engines {sorted(ids)[1:]} not loaded: 1/3 reached it" in text
+            late, loaded = sorted(ids[1:]), [ids[0]]  # ids[i] is backends[i]'s engine
+            assert f"engines {late} not loaded: 1/3 reached it ({loaded})" in text
             assert "none more for 3 s (publisher loaded_timeout_s" in text
     finally:
         for b in backends:
