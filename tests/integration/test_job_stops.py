@@ -121,6 +121,7 @@ def _serving_side(tmp_path: Path, model: Path) -> tuple[list[subprocess.Popen], 
     return [gateway, engine], address, tokens
 
 
+@pytest.mark.slow
 def test_joined_gateway_and_engine_keep_running_unless_asked(
     tmp_path, tiny_checkpoint, monkeypatch, clean_env
 ):
