@@ -1,8 +1,11 @@
 """`python -m rollout_engine --backend vllm|jax --gateway HOST:PORT --token-file F --model DIR`.
 
 Parses and validates the config (`rollout_engine.config`, no ML import) before anything heavy,
-so `--help` and a bad flag answer at once; then starts the backend, runs the worker loop until
-the gateway shuts down, SIGTERM/SIGINT, or a lost gateway, and shuts the backend down.
+so `--help` and a bad flag answer at once; then checks the gateway, the token and the run's
+settings (`rollout_engine.precheck`, seconds) before it starts the backend (minutes for vLLM),
+runs the worker loop until the gateway shuts down, SIGTERM/SIGINT, or a lost gateway, and
+shuts the backend down. A SIGTERM ends the process within `WorkerConfig.stop_s` plus the
+backend's shutdown, whatever the gateway's state.
 Exit status: 0 after a shutdown or a stop, 1 after a lost gateway or a refusal.
 """
 
@@ -127,10 +130,17 @@ def device_counts(cfg: EngineProcessConfig) -> tuple[int, int]:
 
 
 async def serve(cfg: EngineProcessConfig) -> str:
-    """Start the backend, run the worker until it stops, shut the backend down; returns the
-    worker's stop reason."""
+    """Check the gateway (`precheck`), start the backend, run the worker until it stops, shut
+    the backend down; returns the worker's stop reason.
+
+    Raises:
+        GatewayError: the precheck or the registration failed (a dead gateway, a refused
+            token, a run this engine cannot serve); raised before the backend starts when the
+            precheck finds it.
+    """
     from gateway import messages as m
     from gateway.client import GatewayClient
+    from rollout_engine.precheck import precheck
     from rollout_engine.worker import EngineWorker
 
     devices, tp = device_counts(cfg)
@@ -144,8 +154,17 @@ async def serve(cfg: EngineProcessConfig) -> str:
         name=cfg.name,
         host=socket.gethostname(),
     )
-    backend = make_backend(cfg)
     client = GatewayClient.from_token_file(cfg.gateway, cfg.token_file, "engine", cfg.ca_file)
+    try:
+        found = await asyncio.to_thread(
+            precheck, client, spec, cfg.worker.gateway_retry_s, str(cfg.token_file)
+        )
+    except BaseException:
+        client.close()
+        raise
+    log.info("gateway %s answered (run %s); starting the %s backend", cfg.gateway, found,
+             cfg.backend)  # fmt: skip
+    backend = make_backend(cfg)
     try:
         await backend.start()
         worker = EngineWorker(client, backend, spec, cfg.worker)

@@ -44,8 +44,12 @@ class WorkerConfig(BaseModel):
     update_timeout_s: float = Field(default=600.0, gt=0)
     """Receiving and loading one weight version."""
     drain_s: float = Field(default=10.0, ge=0)
-    """On a stop (SIGTERM), wait this long for in-flight groups to finish and be returned;
-    the rest are cancelled and go back to the queue when the engine deregisters."""
+    """On a stop (SIGTERM), wait this long (at most `stop_s` less one second) for in-flight
+    groups to finish and be returned; the rest are cancelled and go back to the queue when the
+    engine deregisters."""
+    stop_s: float = Field(default=4.0, gt=0)
+    """The whole stop after SIGTERM (drain, return, deregister) ends within this many seconds,
+    whatever the gateway's state: a gateway that is gone or hung is not retried past it."""
     watch_interval_s: float = Field(default=0.25, gt=0)
     """How often the watchdog looks at the heartbeat (gateway shutdown, lost gateway)."""
 

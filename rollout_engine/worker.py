@@ -38,7 +38,7 @@ rather than released, so it cannot circle through the queue forever.
 
 Every wait is bounded: lease polls by `lease_wait_s`, the data-plane join and the update by
 `connect_timeout_s` and `update_timeout_s`, unreachable-gateway retries by `gateway_retry_s`,
-the drain at a stop by `drain_s`.
+the drain at a stop by `drain_s`, and the whole stop (drain, return, deregister) by `stop_s`.
 """
 
 from __future__ import annotations
@@ -387,25 +387,38 @@ class EngineWorker:
 
     # ----- stop -----
     async def _teardown(self, tasks: list[asyncio.Task], beat: HeartbeatThread) -> None:
+        """End the tasks; on a stop, return what finished and deregister. Bounded by
+        `WorkerConfig.stop_s` whatever the gateway's state: an unreachable gateway is not
+        retried past it (each call left running ends when the client's channel closes)."""
+        end = time.monotonic() + self.cfg.stop_s
         lease_loop, sync_loop, returner, watch = tasks
         for t in (lease_loop, sync_loop, watch):
             t.cancel()
-        reachable = self._reason == STOPPED
+        # a gateway the heartbeat cannot reach now is not waited for (it is gone or hung)
+        reachable = self._reason == STOPPED and beat.error is None
         if reachable and self._inflight:
-            await asyncio.wait(list(self._inflight), timeout=self.cfg.drain_s)
+            drain = min(self.cfg.drain_s, end - time.monotonic() - 1.0)
+            if drain > 0:
+                await asyncio.wait(list(self._inflight), timeout=drain)
         pending = list(self._inflight)
         for t in pending:
             t.cancel()
         await asyncio.gather(*pending, lease_loop, sync_loop, watch, return_exceptions=True)
         if reachable:  # return what finished, then leave (leased prompts go back to the queue)
             self._out.put_nowait(None)
-            await asyncio.wait([returner], timeout=self.cfg.gateway_retry_s)
+            await asyncio.wait([returner], timeout=max(0.0, end - time.monotonic() - 0.5))
             try:
-                back = await self._call(self.client.deregister, self.engine_id)
+                back = await asyncio.wait_for(
+                    self._call(self.client.deregister, self.engine_id),
+                    max(0.1, end - time.monotonic()),
+                )
                 log.info("deregistered; %d leased prompts went back to the queue", back)
-            except (GatewayError, GatewayLost, EngineDropped) as e:
-                log.warning("deregistering failed: %s", e)
+            except (TimeoutError, GatewayError, GatewayLost, EngineDropped) as e:
+                log.warning("deregistering failed within the stop (stop_s): %r", e)
+        elif self._reason == STOPPED:
+            log.warning("stopping without deregistering: the gateway does not answer (%s)",
+                        beat.error)  # fmt: skip
         returner.cancel()
         await asyncio.gather(returner, return_exceptions=True)
-        beat.stop(timeout_s=0.1)  # a daemon thread; its long poll ends by itself
+        beat.stop(timeout_s=0.1)  # a daemon thread; its long poll ends when the channel closes
         self._call.close()

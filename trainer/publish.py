@@ -302,13 +302,21 @@ class WeightPublisher:
     def _wait(self, version: int, phase: str, ids: tuple[str, ...], timeout_s: float) -> None:
         """Wait until every engine of `ids` reached `phase` for `version`.
 
+        Fails on silence, not slowness: only when no engine of `ids` reached the phase for
+        `timeout_s` seconds in a row (each one that does restarts the clock), so a push to
+        many engines on a loaded machine may take longer than `timeout_s` in all. The error
+        names the engines still waited for, how many reached the phase (and which), and the
+        publisher setting (`ready_timeout_s` / `loaded_timeout_s`).
+
         Engines outside the group (registered after it formed) may fail this version: they
         join at the next one, so their failure does not end the wait.
         """
-        deadline = time.monotonic() + timeout_s
+        key = "ready_timeout_s" if phase == "ready" else "loaded_timeout_s"
+        t0 = last = time.monotonic()
+        reached: set[str] = set()
         while True:
-            left = deadline - time.monotonic()
-            r = self.client.wait_sync(version, max(left, 0.0), phase)
+            left = last + timeout_s - time.monotonic()
+            r = self.client.wait_sync(version, min(max(left, 0.0), 5.0), phase)
             states = {s.engine_id: s for s in r.engines}
             gone = [e for e in ids if e not in states]
             if gone:
@@ -316,12 +324,21 @@ class WeightPublisher:
             failed = {e: states[e].error for e in ids if _failed(states[e], version)}
             if failed:
                 raise PushError(version, f"engines failed: {failed}", r.engines)
-            if r.done or all(_reached(states[e], version, phase) for e in ids):
+            now_reached = {e for e in ids if _reached(states[e], version, phase)}
+            if r.done or len(now_reached) == len(ids):
                 return
-            if left <= 0:
-                late = [e for e in ids if not _reached(states[e], version, phase)]
+            if now_reached - reached:
+                reached |= now_reached
+                last = time.monotonic()
+                continue
+            if time.monotonic() - last >= timeout_s:
+                late = [e for e in ids if e not in now_reached]
                 raise PushError(
-                    version, f"engines {late} not {phase} within {timeout_s} s", r.engines
+                    version,
+                    f"engines {late} not {phase}: {len(now_reached)}/{len(ids)} reached it "
+                    f"({sorted(now_reached)}) and none more for {timeout_s:g} s (publisher "
+                    f"{key}; {time.monotonic() - t0:.1f} s in all)",
+                    r.engines,
                 )
             time.sleep(0.05)  # an engine outside the group failed: settle without it
 

@@ -14,6 +14,7 @@ A timeout or a broken connection leaves the group out of step: close both ends a
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -36,14 +37,48 @@ if TYPE_CHECKING:
     import torch
 
 
-def rendezvous_store(
-    host: str, port: int, world_size: int, timeout_s: float, *, master: bool
-) -> Any:
-    """The `torch.distributed.TCPStore` a transport group meets on: the sender (rank 0) hosts
-    it (`master`, port 0 picks a free one), each receiver connects to it. Imports torch lazily.
+def bind_listener(host: str, port: int, port_count: int = 1) -> socket.socket:
+    """A listening TCP socket bound to `host` only (never every interface unless `host` is
+    "0.0.0.0" or "::"), on the first free port of `port .. port + port_count - 1`; port 0
+    lets the kernel pick one.
 
     Raises:
-        RuntimeError (from torch): the store cannot bind, or no master answers in `timeout_s`.
+        ValueError: a port range outside 1..65535, or `port_count` < 1.
+        OSError: `host` does not resolve, or every port of the range is taken.
+    """
+    if port_count < 1 or not 0 <= port <= 65535 or (port and port + port_count - 1 > 65535):
+        raise ValueError(f"ports: expected 0, or port..port+port_count-1 in 1..65535; got "
+                         f"port {port}, port_count {port_count}")  # fmt: skip
+    candidates = [0] if port == 0 else list(range(port, port + port_count))
+    last: OSError | None = None
+    for p in candidates:
+        for family, kind, proto, _, addr in socket.getaddrinfo(host, p, type=socket.SOCK_STREAM):
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(addr)
+                sock.listen(128)
+                return sock
+            except OSError as e:
+                sock.close()
+                last = e
+    raise OSError(f"no free port to listen on at {host} in {candidates[0]}.."
+                  f"{candidates[-1]}: {last}")  # fmt: skip
+
+
+def rendezvous_store(
+    host: str, port: int, world_size: int, timeout_s: float, *, master: bool, port_count: int = 1
+) -> Any:
+    """The `torch.distributed.TCPStore` a transport group meets on: the sender (rank 0) hosts
+    it (`master`), each receiver connects to it. Imports torch lazily.
+
+    The master's listening socket is bound here (`bind_listener`: `host` only, the first free
+    port of `port .. port + port_count - 1`, port 0 picks one) and handed to the store, which
+    would otherwise listen on every interface whatever `host` says.
+
+    Raises:
+        OSError: no port of the range is free. RuntimeError (from torch): no master answers
+            in `timeout_s`.
     """
     import datetime
 
@@ -51,10 +86,35 @@ def rendezvous_store(
 
     timeout = datetime.timedelta(seconds=timeout_s)
     if master:
+        sock = bind_listener(host, port, port_count)
+        bound = int(sock.getsockname()[1])
         return dist.TCPStore(
-            host, port, world_size, is_master=True, timeout=timeout, wait_for_workers=False
-        )
+            host, bound, world_size, is_master=True, timeout=timeout, wait_for_workers=False,
+            master_listen_fd=sock.detach(), use_libuv=True,
+        )  # fmt: skip
     return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+
+
+def local_address_towards(host: str, port: int) -> str:
+    """This machine's address on the interface that routes to (host, port): where a receiver
+    binds its gloo device so the sender can reach it (no packet is sent)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, port or 9))
+        return str(probe.getsockname()[0])
+
+
+def gloo_device(address: str) -> Any:
+    """The gloo device of a group: bound to `address` (its listening socket and its pairs stay
+    on that interface), or, when ``GLOO_SOCKET_IFNAME`` is set or `address` is every interface
+    ("", "0.0.0.0", "::"), torch's default device (which honours that variable)."""
+    import os
+
+    import torch.distributed as dist
+
+    if os.environ.get("GLOO_SOCKET_IFNAME") or address in ("", "0.0.0.0", "::"):
+        return dist.ProcessGroupGloo.create_default_device()
+    return dist.ProcessGroupGloo.create_device(hostname=address)
 
 
 class _Group:

@@ -15,10 +15,13 @@ class GlooTransportConfig(BaseModel):
 
     kind: Literal["gloo"] = "gloo"
     host: str = "127.0.0.1"
-    """Address of the sender's rendezvous store."""
-    port: int = 0
+    """Address of the sender's rendezvous store: the only address the sender listens on (the
+    store and its gloo device); "0.0.0.0" listens on every interface."""
+    port: int = Field(0, ge=0, le=65535)
     """TCP port of the store; 0 lets the sender pick one (then sent to engines)."""
-    timeout_s: float = 300.0
+    port_count: int = Field(1, ge=1, le=65535)
+    """With `port` > 0: the store takes the first free port of port..port+port_count-1."""
+    timeout_s: float = Field(300.0, gt=0)
     """Seconds allowed for the rendezvous and each collective."""
     bucket_bytes: int = Field(256 * 2**20, gt=0)
     """Bucket size in bytes: bounds the extra memory of each side."""

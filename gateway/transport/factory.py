@@ -17,11 +17,13 @@ def make_sender(cfg: TransportConfig, num_receivers: int = 1) -> WeightSender:
     if isinstance(cfg, NcclTransportConfig):
         from gateway.transport.nccl import NcclSender
 
-        return NcclSender(cfg.host, cfg.port, num_receivers, cfg.timeout_s, cfg.device)
+        return NcclSender(
+            cfg.host, cfg.port, num_receivers, cfg.timeout_s, cfg.device, cfg.port_count
+        )
     if isinstance(cfg, GlooTransportConfig):
         from gateway.transport.gloo import GlooSender
 
-        return GlooSender(cfg.host, cfg.port, num_receivers, cfg.timeout_s)
+        return GlooSender(cfg.host, cfg.port, num_receivers, cfg.timeout_s, cfg.port_count)
     if isinstance(cfg, FileTransportConfig):
         from gateway.transport.file import FileSender
 

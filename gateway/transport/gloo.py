@@ -1,9 +1,16 @@
 """Weights over torch.distributed gloo (TCP), for CPUs: a standalone group of 1 + N ranks.
 
-The sender (rank 0) hosts the rendezvous store at (host, port); port 0 picks a free one,
+The sender (rank 0) hosts the rendezvous store at (host, port), listening on `host` only;
+port 0 picks a free one, a port range (`port_count`) takes its first free port; the port is
 read back from `GlooSender.port` and handed to the receivers through the control plane.
 The group is a private `ProcessGroupGloo` on its own `TCPStore`, so it coexists with any
 default process group the engine already runs (vLLM's own workers have one).
+
+Ports: besides the store, gloo opens one listening socket per rank on a port the kernel picks
+(its ephemeral range), and the pairs between ranks connect to those. The sender's gloo device
+is bound to `host`, each receiver's to its own address on the interface that routes to `host`
+(`collective.local_address_towards`), so on 127.0.0.1 nothing of the group listens beyond the
+loopback. ``GLOO_SOCKET_IFNAME`` overrides both (torch's default device).
 """
 
 from __future__ import annotations
@@ -15,15 +22,20 @@ from gateway.transport.collective import (
     CollectiveReceiver,
     CollectiveSender,
     _Group,
+    gloo_device,
+    local_address_towards,
     rendezvous_store,
 )
 
 
-def _gloo_group(store: Any, rank: int, world_size: int, timeout_s: float) -> _Group:
+def _gloo_group(store: Any, rank: int, world_size: int, timeout_s: float, address: str) -> _Group:
+    """A private gloo group whose device is bound to `address` (see `gloo_device`)."""
     import torch.distributed as dist
 
-    timeout = datetime.timedelta(seconds=timeout_s)
-    pg = dist.ProcessGroupGloo(dist.PrefixStore("jaxrl-weights", store), rank, world_size, timeout)
+    opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+    opts._timeout = datetime.timedelta(seconds=timeout_s)
+    opts._devices = [gloo_device(address)]
+    pg = dist.ProcessGroupGloo(dist.PrefixStore("jaxrl-weights", store), rank, world_size, opts)
     return _Group(pg, "cpu", timeout_s)
 
 
@@ -31,20 +43,35 @@ class GlooSender(CollectiveSender):
     """Rank 0: binds the rendezvous store at once, joins the group on `connect`/`send`.
 
     Args:
-        host: address the receivers connect to (and this side binds).
+        host: address the receivers connect to (and the only one this side binds: the store
+            and the gloo device).
         port: TCP port of the store; 0 picks a free one (see `port`).
         num_receivers: number of receiving ranks N (world size N + 1).
         timeout_s: limit in seconds of the rendezvous and of every collective.
+        port_count: with `port` > 0, the store takes the first free port of
+            `port .. port + port_count - 1`.
+
+    Raises:
+        OSError: no port of the range is free (or `host` is not this machine's).
     """
 
-    def __init__(self, host: str, port: int, num_receivers: int, timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        num_receivers: int,
+        timeout_s: float = 300.0,
+        port_count: int = 1,
+    ) -> None:
         super().__init__()
         if num_receivers < 1:
             raise ValueError(f"num_receivers must be >= 1, got {num_receivers}")
         self.host = host
         self.world_size = num_receivers + 1
         self.timeout_s = timeout_s
-        self._store: Any = rendezvous_store(host, port, self.world_size, timeout_s, master=True)
+        self._store: Any = rendezvous_store(
+            host, port, self.world_size, timeout_s, master=True, port_count=port_count
+        )
 
     @property
     def port(self) -> int:
@@ -52,7 +79,7 @@ class GlooSender(CollectiveSender):
         return int(self._store.port)
 
     def _make_group(self) -> _Group:
-        return _gloo_group(self._store, 0, self.world_size, self.timeout_s)
+        return _gloo_group(self._store, 0, self.world_size, self.timeout_s, self.host)
 
     def close(self) -> None:
         """Drop the group, the send buffers and the store."""
@@ -83,7 +110,8 @@ class GlooReceiver(CollectiveReceiver):
         store = rendezvous_store(
             self.host, self.port, self.world_size, self.timeout_s, master=False
         )
-        return _gloo_group(store, self.rank, self.world_size, self.timeout_s)
+        address = local_address_towards(self.host, self.port)
+        return _gloo_group(store, self.rank, self.world_size, self.timeout_s, address)
 
     def close(self) -> None:
         """Drop the group."""

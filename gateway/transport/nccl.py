@@ -6,6 +6,11 @@ delivery of sharded manifests (each TP rank receives only its own shard, point t
 `sharded.py`) are the ones the gloo transport runs in CI; only the process group and the
 device differ. The sender's buffers live on its GPU and are filled from the trainer's FSDP
 shards device to device.
+
+Ports: the store is the gloo one (bound to `host` only). NCCL itself opens a bootstrap listener
+per rank and, for ranks on other hosts, its socket transport's connections, on ports the
+kernel picks, on the interface ``NCCL_SOCKET_IFNAME`` names (default: the first non-loopback
+one NCCL finds); set ``NCCL_SOCKET_IFNAME`` to pin it (lo for one host).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ class NcclSender(GlooSender):
     """Rank 0 on `device` (e.g. `"cuda:0"`): `GlooSender`'s rendezvous on a NCCL group.
 
     Args:
-        host, port, num_receivers, timeout_s: as `GlooSender`.
+        host, port, num_receivers, timeout_s, port_count: as `GlooSender`.
         device: the CUDA device the send buffers live on.
     """
 
@@ -43,8 +48,9 @@ class NcclSender(GlooSender):
         num_receivers: int,
         timeout_s: float = 300.0,
         device: str = "cuda:0",
+        port_count: int = 1,
     ) -> None:
-        super().__init__(host, port, num_receivers, timeout_s)
+        super().__init__(host, port, num_receivers, timeout_s, port_count)
         self.device = device
 
     def _make_group(self) -> _Group:

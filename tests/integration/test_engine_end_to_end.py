@@ -80,7 +80,7 @@ def stack(
     trainer = None
     try:
         port = _wait_for("gateway start", lambda: port_file.exists() and port_file.read_text(),
-                         20, gw, gw_log).strip()  # fmt: skip
+                         1800, gw, gw_log).strip()  # fmt: skip
         address = f"127.0.0.1:{port}"
         args = ["--gateway", address, "--token-file", str(tokens), "--model", str(model_a)]
         args += ["--dtype", "float32", "--name", "e2e", "--max-concurrent-prompts", "8"]
@@ -93,14 +93,14 @@ def stack(
         procs.append(engine)
         trainer = GatewayClient.from_token_file(address, tokens, "trainer")
         _wait_for("engine registration", lambda: len(trainer.status().engines) == 1,
-                  300, engine, engine_log)  # fmt: skip
+                  1800, engine, engine_log)  # fmt: skip
         yield trainer, engine, engine_log
         if sigterm:
             engine.send_signal(signal.SIGTERM)
-            assert engine.wait(60) == 0, engine_log.read_text()[-4000:]
+            assert engine.wait(1800) == 0, engine_log.read_text()[-4000:]
             assert len(trainer.status().engines) == 0  # it deregistered on its way out
         trainer.shutdown("test over")
-        assert engine.wait(60) == 0, engine_log.read_text()[-4000:]
+        assert engine.wait(1800) == 0, engine_log.read_text()[-4000:]
     finally:
         if trainer is not None:
             trainer.close()

@@ -1,32 +1,42 @@
 """`python -m gateway serve|status|make-tokens` as real processes: fast start, status, stop."""
 
+import importlib.util
 import json
+import os
 import signal
 import subprocess
 import sys
-import time
+from pathlib import Path
 
 from gateway import messages as m
 from gateway.client import GatewayClient
 
+_spec = importlib.util.spec_from_file_location("waits", Path(__file__).with_name("waits.py"))
+waits = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(waits)
+
+# CPU seconds the gateway process may spend until it listens: CPU time, not wall time, so a
+# machine loaded by other work slows the start without failing it
 START_LIMIT_S = 1.0
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` (its threads included), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _gateway(tmp_path, *extra):
     tokens, port_file = tmp_path / "tokens", tmp_path / "port"
     if not tokens.exists():
         subprocess.run([sys.executable, "-m", "gateway", "make-tokens", str(tokens)], check=True)
-    t0 = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway", "serve", "--port", "0", "--port-file", str(port_file),
          "--token-file", str(tokens), "--log-level", "WARNING", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    while not port_file.exists():
-        assert proc.poll() is None, proc.stdout.read()
-        assert time.monotonic() - t0 < 10, "the gateway did not start within 10 s"
-        time.sleep(0.005)
-    return proc, time.monotonic() - t0, f"127.0.0.1:{port_file.read_text()}", tokens
+    waits.wait_for(lambda: port_file.exists(), [proc], "the gateway's port file", poll_s=0.005)
+    return proc, _cpu_s(proc.pid), f"127.0.0.1:{port_file.read_text()}", tokens
 
 
 def test_gateway_imports_no_ml_library():
@@ -41,13 +51,7 @@ def test_gateway_imports_no_ml_library():
 def test_serve_starts_fast_reports_status_and_stops(tmp_path):
     proc, started_s, address, tokens = _gateway(tmp_path, "--family", "llama")
     try:
-        # the limit is for the process; the first start of a cold interpreter may take longer
-        if started_s >= START_LIMIT_S:
-            proc.terminate()
-            proc.wait(5)
-            (tmp_path / "port").unlink()
-            proc, started_s, address, tokens = _gateway(tmp_path, "--family", "llama")
-        assert started_s < START_LIMIT_S, f"the gateway took {started_s:.2f} s to listen"
+        assert started_s < START_LIMIT_S, f"the gateway took {started_s:.2f} CPU s to listen"
         with GatewayClient.from_token_file(address, tokens, "engine") as engine:
             spec = m.EngineSpec("vllm", "llama", "bfloat16", ("gloo",), tp_size=2, device_count=2)
             reg = engine.register_engine(spec)
@@ -70,7 +74,7 @@ def test_serve_starts_fast_reports_status_and_stops(tmp_path):
         assert [e["engine_id"] for e in status["engines"]] == [reg.engine_id]
         assert status["settings"]["model_family"] == "llama"
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(10) == 0
+        assert waits.exit_status(proc, "the gateway's exit after SIGTERM") == 0
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -97,4 +101,4 @@ def test_trainer_shutdown_stops_the_process(tmp_path):
     proc, _, address, tokens = _gateway(tmp_path)
     with GatewayClient.from_token_file(address, tokens, "trainer") as trainer:
         trainer.shutdown("test")
-    assert proc.wait(10) == 0
+    assert waits.exit_status(proc, "the gateway's exit after a shutdown") == 0

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from gateway.transport.config import GlooTransportConfig, NcclTransportConfig
 from trainer.launch.job_config import JobConfig
 
 
@@ -44,6 +45,27 @@ def resolve_data_plane(job: JobConfig) -> str:
             f"{resolve_accelerator(job)} and rollout.backend {job.run.rollout.backend}"
         )
     return dp
+
+
+def data_plane_config(job: JobConfig) -> GlooTransportConfig | NcclTransportConfig:
+    """The trainer's data-plane settings: launch.data_plane_host, _port, _port_count,
+    _timeout_s and tp_shards; NCCL (its buffers on the trainer's first GPU) when
+    `resolve_data_plane` says so, else gloo.
+
+    Raises:
+        ValueError: as `resolve_data_plane`.
+    """
+    launch = job.launch
+    where = {
+        "host": launch.data_plane_host,
+        "port": launch.data_plane_port,
+        "port_count": launch.data_plane_port_count,
+        "timeout_s": launch.data_plane_timeout_s,
+        "tp_shards": launch.tp_shards,
+    }
+    if resolve_data_plane(job) == "nccl":
+        return NcclTransportConfig.model_validate({**where, "device": "cuda:0"})
+    return GlooTransportConfig.model_validate(where)
 
 
 def tp_bind(cores: str, tp_size: int) -> str:

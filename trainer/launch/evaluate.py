@@ -6,6 +6,10 @@ training verifiers. It runs while the trainer's `RolloutSource` is stopped (befo
 training), so it also takes the training groups still in flight at the stop: it counts them
 (`drained`) and, given `expect_drained`, waits until that many came back, which proves no
 rollout was lost.
+
+Both waits fail on silence, not on slowness (`trainer.launch.silence`): only when no group came
+back for `timeout_s` seconds (eval.timeout_s), however long the whole evaluation takes; the
+error says how many groups came, from which engines, and what each engine was doing.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy as np
 
 from gateway import messages as m
 from gateway.client import GatewayClient
+from trainer.launch.silence import SilenceClock
 from trainer.rewards.base import Problem
 from trainer.rewards.scoring import ScoringPool
 from trainer.rollout_source import group_from_gateway
@@ -62,15 +67,23 @@ def evaluate(
     out_dir: Path | None = None,
     decode: Callable[[Sequence[int]], str] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    timeout_key: str = "eval.timeout_s",
 ) -> EvalResult:
     """Evaluate `problems` at weight `version`; writes ``out_dir/eval_<tag>.jsonl`` (one line per
     problem: id, rewards, completions decoded by `decode`) when `out_dir` is given.
     `on_progress(back, total)` is called with the eval groups back so far: once at the start
     (0) and after every fetch that brought some (a progress bar).
 
+    Args:
+      timeout_s: seconds of silence (no group back, eval or training) after which the wait
+        fails; the whole evaluation may take any time while groups keep coming.
+      timeout_key: the config key of `timeout_s`, named in the error.
+
     Raises:
-      ValueError: no problems; TimeoutError: the groups (or `expect_drained` training groups)
-        did not all come back within `timeout_s`; GatewayError: the gateway refused the prompts.
+      ValueError: no problems; TimeoutError: no group (nor any of the `expect_drained`
+        training groups) came back for `timeout_s` seconds before all did (the message counts
+        what came, from which engines, and names `timeout_key`); GatewayError: the gateway
+        refused the prompts.
     """
     if not problems:
         raise ValueError("evaluate needs at least one held-out problem")
@@ -92,14 +105,17 @@ def evaluate(
     if on_progress is not None:
         on_progress(0, len(prompts))
     drained = 0
+    clock = SilenceClock(timeout_s, timeout_key)
     while len(futures) < len(prompts) or drained < expect_drained:
-        left = t0 + timeout_s - time.monotonic()
+        left = clock.left()
         if left <= 0:
-            raise TimeoutError(
-                f"eval {tag!r}: {len(futures)}/{len(prompts)} groups and {drained}/"
-                f"{expect_drained} in-flight training groups back within {timeout_s} s"
+            raise clock.expired(
+                f"eval {tag!r} at version {version}: {len(futures)}/{len(prompts)} eval groups "
+                f"and {drained}/{expect_drained} in-flight training groups back",
+                client.status(),
             )
         for raw in client.fetch_rollouts(64, timeout_s=min(1.0, left)):
+            clock.progressed(raw.engine_id)
             problem = by_id.get(raw.sample_id)
             if problem is None:
                 drained += 1
@@ -135,18 +151,30 @@ def evaluate(
     )
 
 
-def drain_training_groups(client: GatewayClient, expected: int, timeout_s: float) -> int:
+def drain_training_groups(
+    client: GatewayClient, expected: int, timeout_s: float, timeout_key: str = "eval.timeout_s"
+) -> int:
     """Fetch (and discard) the `expected` training groups still in flight after a stop; returns
     how many came.
 
+    Args:
+      timeout_s: seconds of silence (no group back) after which the wait fails.
+      timeout_key: the config key of `timeout_s`, named in the error.
+
     Raises:
-      TimeoutError: fewer than `expected` came within `timeout_s`.
+      TimeoutError: no group came for `timeout_s` seconds before `expected` did (the message
+        counts them, says from which engines, and names `timeout_key`).
     """
-    deadline = time.monotonic() + timeout_s
+    clock = SilenceClock(timeout_s, timeout_key)
     got = 0
     while got < expected:
-        left = deadline - time.monotonic()
+        left = clock.left()
         if left <= 0:
-            raise TimeoutError(f"{got}/{expected} in-flight training groups back in {timeout_s} s")
-        got += len(client.fetch_rollouts(64, timeout_s=min(1.0, left)))
+            raise clock.expired(
+                f"drain after the stop: {got}/{expected} in-flight training groups back",
+                client.status(),
+            )
+        for raw in client.fetch_rollouts(min(64, expected - got), timeout_s=min(1.0, left)):
+            clock.progressed(raw.engine_id)
+            got += 1
     return got

@@ -1,8 +1,10 @@
 """The main job (`python -m trainer train`): gateway, engines and trainer on one machine.
 
 `run_job(job)`:
-1. resolves the checkpoint (`model_source`), loads the tokenizer and the problems, and sizes the
-   engines' context (longest prompt + new tokens);
+1. resolves the checkpoint (`model_source`) and holds it against its family's mapping, loads the
+   tokenizer and the problems, and sizes the engines' context (longest prompt + new tokens):
+   all before any process starts, so a checkpoint missing a tensor or a missing data file fails
+   in seconds;
 2. starts the gateway and the engines (`stack`), or joins ``launch.gateway`` when the serving
    side runs elsewhere; configures the run (family, engine dtype, gloo);
 3. loads the policy into JAX and builds the train step while the engines start;
@@ -11,6 +13,8 @@
    training group still in flight at the stop), plots reward and lag;
 5. shuts the gateway down (engines exit on their own), then stops every child process
    (SIGTERM, then SIGKILL after launch.stop_timeout_s). An exception or Ctrl-C stops them too.
+   Only what this process started is stopped: a gateway joined through ``launch.gateway``
+   (and its engines) keeps running, after a success or a failure, unless launch.stop_joined.
 
 Its result (also ``RUN_DIR/job_summary.json``) holds the loop totals, the in-flight groups
 taken back after the stop, the engines' final versions, held-out accuracy before and after,
@@ -22,6 +26,7 @@ out: when the job fails, it holds the error, the loop totals so far and the chec
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -82,9 +87,10 @@ def _run_job(job: JobConfig) -> dict[str, Any]:
 
     from gateway import messages as m
     from gateway.client import GatewayClient
+    from gateway.errors import GatewayError
     from trainer.checkpoints.hf_io import read_hf_config
     from trainer.launch.data import load_job_data, make_decoder, make_encoder
-    from trainer.launch.model_source import resolve_model
+    from trainer.launch.model_source import check_checkpoint, resolve_model
     from trainer.launch.processes import ProcessSet
     from trainer.launch.stack import start_engines, start_gateway
     from trainer.models.config import ModelConfig
@@ -94,6 +100,7 @@ def _run_job(job: JobConfig) -> dict[str, Any]:
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     model_path = resolve_model(job.run.model.path, job.run.trainer.seed)
     family = ModelConfig.from_hf(read_hf_config(model_path)).family
+    check_checkpoint(model_path, family)
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     data = load_job_data(job)
     encode = make_encoder(tokenizer, job.data.system_prompt)
@@ -126,7 +133,13 @@ def _run_job(job: JobConfig) -> dict[str, Any]:
             result = train_and_evaluate(
                 job, client, procs, model_path, data, encode, make_decoder(tokenizer)
             )
-            client.shutdown("the training job finished")
+            if not launch.gateway or launch.stop_joined:
+                client.shutdown("the training job finished")
+        except BaseException as e:
+            if launch.gateway and launch.stop_joined:  # asked to: a joined gateway goes too
+                with contextlib.suppress(GatewayError):
+                    client.shutdown(f"the trainer failed: {type(e).__name__}"[:200])
+            raise
         finally:
             client.close()
         procs.wait_all(launch.stop_timeout_s)

@@ -74,7 +74,8 @@ class EvalSection(_Section):
     max_new_tokens: int | None = Field(default=None, ge=1)
     """None: rollout.max_new_tokens."""
     timeout_s: float = Field(default=600.0, gt=0)
-    """Most seconds one evaluation waits for its groups."""
+    """Seconds of silence (no group coming back) after which an evaluation, or the drain of
+    in-flight training groups after the stop, fails; the whole evaluation may take longer."""
 
 
 class LaunchSection(_Section):
@@ -94,6 +95,9 @@ class LaunchSection(_Section):
     gateway: str = ""
     """HOST:PORT of a gateway started elsewhere: then this process only trains (no gateway or
     engines started here) and waits for num_engines engines to register. Empty: start both."""
+    stop_joined: bool = False
+    """With launch.gateway: shut that gateway (and with it its engines) down when this run
+    ends, finished or failed; False leaves it serving either way."""
     token_file: str = ""
     """Token file of that gateway (`python -m gateway make-tokens`); empty: RUN_DIR/tokens.txt."""
     host: str = "127.0.0.1"
@@ -101,6 +105,14 @@ class LaunchSection(_Section):
     data_plane_host: str = "127.0.0.1"
     """Address engines reach the trainer's data-plane rendezvous at (this host's, as seen by
     them)."""
+    data_plane_port: int = Field(default=0, ge=0, le=65535)
+    """TCP port of the data plane's rendezvous store (on data_plane_host only); 0 picks a free
+    one. gloo/NCCL open further ports of the kernel's choosing (README, "Ports")."""
+    data_plane_port_count: int = Field(default=1, ge=1, le=65535)
+    """With data_plane_port > 0: the store takes the first free port of
+    data_plane_port..data_plane_port+data_plane_port_count-1."""
+    data_plane_timeout_s: float = Field(default=300.0, gt=0)
+    """Seconds allowed for the data plane's rendezvous and for each of its collectives."""
     data_plane: Literal["auto", "gloo", "nccl"] = "auto"
     """Weight transport: auto is nccl when the accelerator is gpu and the engines are vLLM
     (buckets move GPU to GPU, each TP rank receiving only its shard), else gloo (TCP)."""
@@ -147,6 +159,17 @@ class JobConfig(_Section):
                 f"eval.temperature={t} differs from rollout.temperature="
                 f"{self.run.rollout.temperature}: the JAX engine samples every prompt with the "
                 "temperature compiled into it; leave eval.temperature unset or use the same one"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _port_range(self) -> JobConfig:
+        launch = self.launch
+        last = launch.data_plane_port + launch.data_plane_port_count - 1
+        if launch.data_plane_port and last > 65535:
+            raise ValueError(
+                f"launch.data_plane_port={launch.data_plane_port} with data_plane_port_count="
+                f"{launch.data_plane_port_count} runs past port 65535"
             )
         return self
 

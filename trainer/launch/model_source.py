@@ -1,6 +1,9 @@
 """Where the job's checkpoint comes from: ``model.path`` is an HF folder, ``smollm2`` (the real
 SmolLM2-135M-Instruct, converted once into the cache) or ``tiny:VARIANT`` (a tiny random model of
 `trainer.checkpoints.tiny.TINY_CONFIGS` made on the spot, seeded by trainer.seed, in the cache).
+
+`check_checkpoint` holds the folder against its family's mapping (tensor headers only, no data)
+so a checkpoint that lacks a tensor fails before any process of the job starts.
 """
 
 from __future__ import annotations
@@ -43,3 +46,24 @@ def resolve_model(spec: str, seed: int = 0) -> Path:
     if not (path / "config.json").is_file():
         raise ValueError(f"model.path: expected an HF folder with config.json, got {spec!r}")
     return path
+
+
+def check_checkpoint(path: Path, family: str) -> None:
+    """Hold the HF folder `path` against `family`'s mapping: every tensor the mapping needs is
+    there with the rule's shape, none is left unmapped, and the JAX model's param shapes agree
+    (`mappings.check.check_folder`, safetensors headers only; the engine's own check runs
+    where it starts).
+
+    Raises:
+      ValueError: the findings, one per line, naming the folder and the family.
+    """
+    from mappings.check import check_folder
+    from mappings.registry import get_family
+
+    report = check_folder(get_family(family), path, with_engine=False)
+    if not report.ok:
+        lines = "\n  ".join(report.lines())
+        raise ValueError(
+            f"model.path {str(path)!r} does not match the {family} mapping; nothing was "
+            f"started:\n  {lines}"
+        )

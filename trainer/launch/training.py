@@ -23,12 +23,11 @@ import numpy as np
 
 from gateway import messages as m
 from gateway.client import GatewayClient
-from gateway.transport.config import GlooTransportConfig, NcclTransportConfig
 from trainer.build import train_step_from_config
 from trainer.checkpointing import Checkpointer
 from trainer.checkpoints.hf_io import load_hf_checkpoint
 from trainer.launch import interrupt
-from trainer.launch.commands import resolve_data_plane
+from trainer.launch.commands import data_plane_config
 from trainer.launch.data import JobData
 from trainer.launch.evaluate import EvalResult, drain_training_groups, evaluate
 from trainer.launch.job_config import JobConfig
@@ -90,10 +89,7 @@ def train_and_evaluate(
     engine_ids = wait_for_engines(
         client, launch.num_engines, launch.start_timeout_s, None if launch.gateway else procs
     )
-    where = {"host": launch.data_plane_host, "tp_shards": launch.tp_shards}
-    transport = GlooTransportConfig.model_validate(where)
-    if resolve_data_plane(job) == "nccl":  # the sender's buffers on the trainer's first GPU
-        transport = NcclTransportConfig.model_validate({**where, "device": "cuda:0"})
+    transport = data_plane_config(job)
     publisher = WeightPublisher(client, transport, model_cfg.family, model_cfg, job.engine_dtype)
     reporter = Reporter(run_dir, cfg.trainer.steps, int(state.step), show_bar=launch.progress)
     r = cfg.rollout

@@ -1,0 +1,49 @@
+"""The data plane's host, port (or port range) and timeout come from the job config: the
+trainer's sender listens on exactly that host and port."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import psutil
+import pytest
+
+from gateway.transport.factory import make_sender
+from trainer.config import ConfigError
+from trainer.launch.commands import data_plane_config
+from trainer.launch.job_config import load_job_config
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_sender_listens_on_the_configured_host_and_port():
+    port = _free_port()
+    job = load_job_config(
+        None,
+        [f"launch.data_plane_port={port}", "launch.data_plane_port_count=4",
+         "launch.data_plane_timeout_s=42", "launch.data_plane_host=127.0.0.1"],
+    )  # fmt: skip
+    cfg = data_plane_config(job)
+    assert (cfg.kind, cfg.host, cfg.port, cfg.port_count, cfg.timeout_s) == (
+        "gloo", "127.0.0.1", port, 4, 42.0,
+    )  # fmt: skip
+    sender = make_sender(cfg, num_receivers=1)
+    try:
+        assert sender.port == port
+        conns = psutil.Process(os.getpid()).net_connections("tcp")
+        on_port = [
+            c.laddr for c in conns if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+        ]
+        assert [(a.ip, a.port) for a in on_port] == [("127.0.0.1", port)]
+    finally:
+        sender.close()
+
+
+def test_a_port_range_past_65535_is_refused():
+    with pytest.raises(ConfigError, match="runs past port 65535"):
+        load_job_config(None, ["launch.data_plane_port=65535", "launch.data_plane_port_count=2"])
