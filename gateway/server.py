@@ -11,6 +11,7 @@ import grpc
 
 from gateway.auth import Authenticator
 from gateway.config import GatewayConfig
+from gateway.events import EventLog
 from gateway.servicer import GatewayServicer
 from gateway.state import GatewayState
 from protos import gateway_pb2_grpc
@@ -30,6 +31,8 @@ class GatewayServer:
             them the server speaks TLS only.
         max_workers: threads serving calls; blocking calls (lease, fetch) hold one each.
         state: an existing state (tests inject one with a fake clock).
+        events_file: JSONL file the event log (`gateway.events`) is appended to; None keeps
+            events in memory only (ignored when `state` is given).
     """
 
     def __init__(
@@ -42,6 +45,7 @@ class GatewayServer:
         key_file: str | Path | None = None,
         max_workers: int = 64,
         state: GatewayState | None = None,
+        events_file: str | Path | None = None,
     ) -> None:
         if (cert_file is None) != (key_file is None):
             raise ValueError(
@@ -49,7 +53,7 @@ class GatewayServer:
                 f"key={key_file}"
             )
         self.config = config
-        self.state = state or GatewayState(config)
+        self.state = state or GatewayState(config, events=EventLog(events_file))
         self._stopped = threading.Event()
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="gateway"),

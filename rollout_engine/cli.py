@@ -126,9 +126,12 @@ def device_counts(cfg: EngineProcessConfig) -> tuple[int, int]:
     return cfg.jax.replicas * cfg.jax.devices_per_replica, 1
 
 
-async def serve(cfg: EngineProcessConfig) -> str:
+async def serve(cfg: EngineProcessConfig, max_rejoins: int = 10) -> str:
     """Start the backend, run the worker until it stops, shut the backend down; returns the
-    worker's stop reason."""
+    worker's stop reason. An engine the gateway dropped (it missed heartbeats, or its
+    connection broke) registers again with the version it holds, up to `max_rejoins` times,
+    without restarting the backend (the gateway then hands it the current version before
+    any lease)."""
     from gateway import messages as m
     from gateway.client import GatewayClient
     from rollout_engine.worker import EngineWorker
@@ -148,11 +151,17 @@ async def serve(cfg: EngineProcessConfig) -> str:
     client = GatewayClient.from_token_file(cfg.gateway, cfg.token_file, "engine", cfg.ca_file)
     try:
         await backend.start()
-        worker = EngineWorker(client, backend, spec, cfg.worker)
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, worker.request_stop)
-        return await worker.run()
+        reason = ""
+        for _ in range(max_rejoins + 1):
+            worker = EngineWorker(client, backend, spec, cfg.worker)
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, worker.request_stop)
+            reason = await worker.run()
+            if reason != "dropped":
+                return reason
+            log.warning("the gateway dropped this engine; registering again")
+        return reason
     finally:
         await backend.shutdown()
         client.close()

@@ -19,6 +19,26 @@
    shards when the param is split over devices (`gateway.transport.sharded`);
 5. waits until every engine acknowledged "loaded".
 
+Elastic pushes. A push goes to the engines registered when it starts (at least `min_engines`;
+it waits up to `ready_timeout_s` for them, so a restarted engine can come back). An engine
+that dies during it is dropped from it and the version commits on the rest:
+- file transport: the dead engine is removed from the waits; nothing else changes.
+- collective (gloo/NCCL: one process group with every engine TP rank as a rank): a dead rank
+  breaks the group. Before the send, the group cannot form (the wait for "ready" sees the
+  member gone); during it, the broadcast or the commit all-reduce fails at once on every
+  rank (gloo: "Connection closed by peer"), and the gateway has dropped the engine because
+  its heartbeat stream broke, which names it (`peer_grace_s`). Either way the publisher closes
+  the group (survivors' pending collectives fail, they ack "failed" and keep serving their
+  old version), waits for them to settle (`settle_s`), forms a new group of the survivors
+  (a new generation and rendezvous port) and publishes the same version again with the new
+  plan: the gateway treats that as a re-plan (it forgets the survivors' failed acks of the
+  broken attempt and wakes their heartbeat long polls), the engines see the same version on a
+  new group and load it. After `max_attempts` groups, or with fewer than `min_engines`
+  survivors, the push fails with `PushError`.
+Engines that register during a push are left out of it; they lease nothing until they loaded
+the version current when they registered (the gateway holds them back), which they receive
+with the next push.
+
 Extra trainer memory is bounded by one bucket (which a collective sender keeps between
 pushes: packing into a reused buffer avoids its page faults, `gateway.transport.base.
 BufferPool`), plus, for a param on an accelerator or split over devices, that one tensor in
@@ -82,6 +102,8 @@ class PushStats:
         seconds: the whole push.
         tp_size: the engine TP degree the version was sharded for (each TP rank received only
             its own shards); 1 when every rank received whole tensors.
+        dropped: engines that were alive when the push began and left during it.
+        attempts: data-plane groups it took (1 + the re-plans after members died).
     """
 
     version: int
@@ -94,6 +116,8 @@ class PushStats:
     loaded_s: float
     seconds: float
     tp_size: int = 1
+    dropped: tuple[str, ...] = ()
+    attempts: int = 1
 
     @property
     def gb_per_s(self) -> float:
@@ -118,9 +142,15 @@ class WeightPublisher:
         dtype: wire dtype (torch name): the engines' dtype; bf16 by default.
         ready_timeout_s, loaded_timeout_s: limits of the two waits on the engines.
         jax_dims: JAX-side sizes that differ from the checkpoint's (a padded "V").
+        min_engines: fewest engines a push may commit on (>= 1, `launch.min_engines`).
+        max_attempts: data-plane groups one push may form (>= 1): the first, plus one re-plan
+            per wave of members that died during it.
+        settle_s: most seconds a re-plan waits for the survivors to end the broken attempt.
+        peer_grace_s: most seconds a data-plane error waits for the gateway to drop the dead
+            member (its connection broke), so the error can name it.
 
     Raises:
-        ValueError: an unknown wire dtype.
+        ValueError: an unknown wire dtype, min_engines or max_attempts < 1.
     """
 
     def __init__(
@@ -134,9 +164,21 @@ class WeightPublisher:
         ready_timeout_s: float = 120.0,
         loaded_timeout_s: float = 600.0,
         jax_dims: Mapping[str, int] | None = None,
+        min_engines: int = 1,
+        max_attempts: int = 4,
+        settle_s: float = 30.0,
+        peer_grace_s: float = 5.0,
     ) -> None:
         if dtype not in WIRE_DTYPES:
             raise ValueError(f"dtype: expected one of {WIRE_DTYPES}, got {dtype!r}")
+        if min_engines < 1 or max_attempts < 1:
+            raise ValueError(
+                f"min_engines, max_attempts: expected >= 1, got {min_engines}, {max_attempts}"
+            )
+        self.min_engines = min_engines
+        self.max_attempts = max_attempts
+        self.settle_s = settle_s
+        self.peer_grace_s = peer_grace_s
         self.client = client
         self.transport = transport
         self.family = get_family(family) if isinstance(family, str) else family
@@ -168,7 +210,8 @@ class WeightPublisher:
         return m.sharded_for(tp_size, self._shards, num_kv_heads=self.cfg.num_kv_heads)
 
     def push(self, model_or_params: Any, version: int) -> PushStats:
-        """Push `version` to every live engine and return once each one serves it.
+        """Push `version` to the engines alive when it starts and return once each survivor
+        serves it (see "Elastic pushes" in the module docstring).
 
         Args:
             model_or_params: a `Decoder`, or its flat params by dot path (arrays of the
@@ -176,48 +219,100 @@ class WeightPublisher:
             version: the new version (> the gateway's current one).
 
         Raises:
-            PushError: no engine is registered, an engine failed (its error inside), or a
-                wait ran out.
+            PushError: fewer than `min_engines` engines serve (within `ready_timeout_s` at
+                the start, or after engines died during the push), a live engine failed to
+                load it (its error inside), a wait ran out, or `max_attempts` re-plans were
+                not enough.
             GatewayError: the gateway refused the publication (e.g. a version not above the
                 current one).
         """
         params = _flat(model_or_params)
         t0 = time.perf_counter()
         members = self._live_engines(version)
-        sender, plan = self._plan(members, version)
-        self.client.publish_version(version, plan.to_params())
-        ids = tuple(e for e, _ in members)
-        try:
-            self._wait(version, "ready", ids, self.ready_timeout_s)
-            t1 = time.perf_counter()
-            send = self._send(sender, plan.manifest, params)
-            t2 = time.perf_counter()
-            self._wait(version, "loaded", ids, self.loaded_timeout_s)
-        except BaseException:
-            self._drop_group()  # a failed collective leaves the group out of step
-            raise
-        t3 = time.perf_counter()
-        stats = PushStats(
-            version, send.num_bytes, len(self._shapes), send.num_buckets, ids,
-            t1 - t0, t2 - t1, t3 - t2, t3 - t0, plan.manifest.tp_size,
-        )  # fmt: skip
-        log.info(
-            "pushed version %d: %.1f MB to %d engines in %.2f s (send %.2f GB/s)",
-            version, stats.num_bytes / 1e6, len(ids), stats.seconds, stats.send_gb_per_s,
-        )  # fmt: skip
-        return stats
+        lost: list[str] = []
+        for attempt in range(self.max_attempts):
+            sender, plan = self._plan(members, version)
+            self.client.publish_version(version, plan.to_params())
+            try:
+                ids = self._wait(version, "ready", _ids(members), self.ready_timeout_s)
+                if len(ids) < len(members) and (self._collective or not ids):
+                    raise _MembersLost(_gone(members, ids), "before the send")
+                t1 = time.perf_counter()
+                send = self._send(sender, plan.manifest, params, _ids(members))
+                t2 = time.perf_counter()
+                # after the commit every receiver voted: a death now leaves the rest loaded
+                ids = self._wait(version, "loaded", ids, self.loaded_timeout_s)
+                self._check_enough(version, len(ids), "after engines left during the push")
+            except _MembersLost as e:
+                self._drop_group()  # a broken collective leaves the group out of step
+                lost += e.gone
+                members = tuple(x for x in members if x[0] not in e.gone)
+                log.warning(
+                    "push of version %d: engines %s left %s (attempt %d); re-sending it to %s",
+                    version, e.gone, e.when, attempt + 1, list(_ids(members)),
+                )  # fmt: skip
+                self._check_enough(version, len(members), f"after {lost} left during the push")
+                self._settle(version, _ids(members))
+                continue
+            except BaseException:
+                self._drop_group()  # a failed collective leaves the group out of step
+                raise
+            t3 = time.perf_counter()
+            gone_late = [e for e in _ids(members) if e not in ids]
+            stats = PushStats(
+                version, send.num_bytes, len(self._shapes), send.num_buckets, ids,
+                t1 - t0, t2 - t1, t3 - t2, t3 - t0, plan.manifest.tp_size,
+                tuple(lost + gone_late), attempt + 1,
+            )  # fmt: skip
+            log.info(
+                "pushed version %d: %.1f MB to %d engines in %.2f s (send %.2f GB/s)",
+                version, stats.num_bytes / 1e6, len(ids), stats.seconds, stats.send_gb_per_s,
+            )  # fmt: skip
+            return stats
+        raise PushError(
+            version, f"engines kept leaving: {lost} within {self.max_attempts} attempts"
+        )
 
     def close(self) -> None:
         """Release the sender (and its group)."""
         self._drop_group()
 
     # ----- steps -----
+    @property
+    def _collective(self) -> bool:
+        return not isinstance(self.transport, FileTransportConfig)
+
     def _live_engines(self, version: int) -> tuple[tuple[str, int], ...]:
-        status = self.client.status()
-        members = tuple(sorted((e.engine_id, max(1, e.tp_size)) for e in status.engines))
-        if not members:
-            raise PushError(version, "no engine is registered with the gateway")
-        return members
+        """The engines registered now, as (id, TP size); waits up to `ready_timeout_s` for
+        `min_engines` of them (a restarted engine registering again)."""
+        deadline = time.monotonic() + self.ready_timeout_s
+        while True:
+            status = self.client.status()
+            members = tuple(sorted((e.engine_id, max(1, e.tp_size)) for e in status.engines))
+            if len(members) >= self.min_engines:
+                return members
+            if time.monotonic() > deadline:
+                self._check_enough(version, len(members), f"within {self.ready_timeout_s} s")
+            time.sleep(0.2)
+
+    def _check_enough(self, version: int, serving: int, when: str) -> None:
+        if serving < self.min_engines:
+            raise PushError(
+                version,
+                f"expected at least launch.min_engines={self.min_engines} engines serving, "
+                f"got {serving} {when}",
+            )
+
+    def _settle(self, version: int, ids: tuple[str, ...]) -> None:
+        """Before a re-plan: wait (at most `settle_s`) until each survivor ended its attempt
+        on the broken group (acked "failed" or "loaded", or left), so its late failure of
+        that attempt cannot count against the next one."""
+        deadline = time.monotonic() + self.settle_s
+        while time.monotonic() < deadline:
+            states = {s.engine_id: s for s in self.client.wait_sync(version, 0.0, "loaded").engines}
+            if all(e not in states or states[e].phase in ("failed", "loaded") for e in ids):
+                return
+            time.sleep(0.05)
 
     def _plan(
         self, members: tuple[tuple[str, int], ...], version: int
@@ -252,12 +347,25 @@ class WeightPublisher:
             self._sender.close()
         self._sender, self._members = None, ()
 
-    def _send(self, sender: WeightSender, manifest: Manifest, params: Mapping) -> SendStats:
+    def _send(
+        self, sender: WeightSender, manifest: Manifest, params: Mapping, ids: tuple[str, ...]
+    ) -> SendStats:
+        """The data-plane send. A transfer error is pinned on the group members the gateway
+        drops within `peer_grace_s` (their connection broke): `_MembersLost` names them; with
+        none gone it is a `PushError` with the engines' own errors."""
         tensors = self._sharded_tensors if manifest.sharded else self._engine_tensors
         try:
             return sender.send(manifest, tensors(params))
         except TransferError as e:
-            states = self.client.wait_sync(manifest.version, 5.0, "loaded").engines
+            deadline = time.monotonic() + self.peer_grace_s
+            while True:
+                states = self.client.wait_sync(manifest.version, 0.0, "loaded").engines
+                gone = [x for x in ids if x not in {s.engine_id for s in states}]
+                if gone:
+                    raise _MembersLost(gone, f"during the send ({e})") from e
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
             errors = {s.engine_id: s.error for s in states if s.phase == "failed"}
             raise PushError(manifest.version, f"{e}; engine errors: {errors}", states) from e
 
@@ -299,11 +407,17 @@ class WeightPublisher:
             self.family, self.cfg, params, self.jax_dims, cast, host=False, contiguous=False
         )
 
-    def _wait(self, version: int, phase: str, ids: tuple[str, ...], timeout_s: float) -> None:
-        """Wait until every engine of `ids` reached `phase` for `version`.
+    def _wait(
+        self, version: int, phase: str, ids: tuple[str, ...], timeout_s: float
+    ) -> tuple[str, ...]:
+        """Wait until every engine of `ids` still registered reached `phase` for `version`;
+        returns those engines (an engine that left is dropped from the wait).
 
         Engines outside the group (registered after it formed) may fail this version: they
         join at the next one, so their failure does not end the wait.
+
+        Raises:
+            PushError: a member failed the version, or one was late past `timeout_s`.
         """
         deadline = time.monotonic() + timeout_s
         while True:
@@ -312,12 +426,15 @@ class WeightPublisher:
             states = {s.engine_id: s for s in r.engines}
             gone = [e for e in ids if e not in states]
             if gone:
-                raise PushError(version, f"engines {gone} left during the push", r.engines)
+                log.warning("push of version %d: engines %s left (%s)", version, gone, phase)
+                ids = tuple(e for e in ids if e in states)
+                if self._collective and phase == "ready":
+                    return ids  # the group cannot form: push() re-plans
             failed = {e: states[e].error for e in ids if _failed(states[e], version)}
             if failed:
                 raise PushError(version, f"engines failed: {failed}", r.engines)
-            if r.done or all(_reached(states[e], version, phase) for e in ids):
-                return
+            if all(_reached(states[e], version, phase) for e in ids):
+                return ids
             if left <= 0:
                 late = [e for e in ids if not _reached(states[e], version, phase)]
                 raise PushError(
@@ -330,6 +447,22 @@ def _reached(s: m.EngineSyncState, version: int, phase: str) -> bool:
     if s.version < version:
         return False
     return s.phase == "loaded" or (phase == "ready" and s.phase == "ready")
+
+
+def _ids(members: tuple[tuple[str, int], ...]) -> tuple[str, ...]:
+    return tuple(e for e, _ in members)
+
+
+def _gone(members: tuple[tuple[str, int], ...], alive: tuple[str, ...]) -> list[str]:
+    return [e for e, _ in members if e not in alive]
+
+
+class _MembersLost(Exception):
+    """Members of the push's group left (their connection broke): re-plan without them."""
+
+    def __init__(self, gone: list[str], when: str) -> None:
+        super().__init__(f"engines {gone} left {when}")
+        self.gone, self.when = gone, when
 
 
 def _failed(s: m.EngineSyncState, version: int) -> bool:

@@ -29,6 +29,7 @@ from trainer.launch.job_config import JobConfig
 from trainer.launch.processes import ProcessSet
 from trainer.launch.report import Reporter, plot_metrics, read_metrics
 from trainer.launch.stack import wait_for_engines
+from trainer.launch.supervisor import EngineSupervisor
 from trainer.loop import AsyncTrainer
 from trainer.publish import WeightPublisher
 from trainer.rewards import ProblemStream, ScoringPool
@@ -77,7 +78,18 @@ def train_and_evaluate(
     transport = GlooTransportConfig.model_validate(where)
     if resolve_data_plane(job) == "nccl":  # the sender's buffers on the trainer's first GPU
         transport = NcclTransportConfig.model_validate({**where, "device": "cuda:0"})
-    publisher = WeightPublisher(client, transport, model_cfg.family, model_cfg, job.engine_dtype)
+    publisher = WeightPublisher(
+        client, transport, model_cfg.family, model_cfg, job.engine_dtype,
+        min_engines=launch.min_engines,
+    )  # fmt: skip
+    supervisor = None
+    if not launch.gateway:  # the engines are ours: restart the ones that die
+        supervisor = EngineSupervisor(
+            procs, [f"engine{i}" for i in range(launch.num_engines)],
+            restart=launch.restart_engines, max_restarts=launch.max_restarts,
+            backoff_s=launch.restart_backoff_s, backoff_max_s=launch.restart_backoff_max_s,
+            min_engines=launch.min_engines,
+        ).start()  # fmt: skip
     reporter = Reporter(run_dir, cfg.trainer.steps, int(state.step), show_bar=launch.progress)
     r = cfg.rollout
     eval_sampling = _sampling(
@@ -109,7 +121,8 @@ def train_and_evaluate(
             trainer = AsyncTrainer(
                 cfg, step, state, source, publisher, run_dir, version=version, rng=rng,
                 checkpointer=checkpointer, client=client, pad_id=pad_id,
-                on_metrics=reporter.on_metrics, before_update=procs.check_alive,
+                on_metrics=reporter.on_metrics,
+                before_update=supervisor.check if supervisor else None,
             )  # fmt: skip
             if version:
                 trainer.resync_engines()
@@ -126,6 +139,8 @@ def train_and_evaluate(
                 drained = drain_training_groups(client, expected, job.eval.timeout_s)
             engines = {e.engine_id: int(e.weight_version) for e in client.status().engines}
     finally:
+        if supervisor is not None:
+            supervisor.stop()
         reporter.close()
         publisher.close()
         checkpointer.close()
@@ -138,6 +153,7 @@ def train_and_evaluate(
         "in_flight_waiting_in_trainer": waiting_here,
         "in_flight_drained_after_stop": drained,
         "engine_versions": engines,
+        "engine_restarts": dict(supervisor.restarts) if supervisor else {},
         "eval_before": dataclasses.asdict(before) if before else None,
         "eval_after": dataclasses.asdict(after) if after else None,
         "reward_first5": float(np.mean(rewards[:5])) if rewards else None,
