@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
@@ -126,6 +127,27 @@ def device_counts(cfg: EngineProcessConfig) -> tuple[int, int]:
     return cfg.jax.replicas * cfg.jax.devices_per_replica, 1
 
 
+async def run_worker(client, backend, spec, cfg: WorkerConfig, max_rejoins: int = 10) -> str:
+    """Run `EngineWorker`s over one started backend until one stops for a reason other than
+    "dropped" (the gateway dropped the engine: it registers again, with the version the
+    backend holds, at most `max_rejoins` times); SIGTERM/SIGINT stop the current one.
+    Returns the last worker's stop reason."""
+    from rollout_engine.worker import DROPPED, EngineWorker
+
+    loop = asyncio.get_running_loop()
+    reason = ""
+    for _ in range(max_rejoins + 1):
+        worker = EngineWorker(client, backend, spec, cfg)
+        with contextlib.suppress(RuntimeError, NotImplementedError):  # not the main thread
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, worker.request_stop)
+        reason = await worker.run()
+        if reason != DROPPED:
+            return reason
+        log.warning("the gateway dropped engine %s; registering again", worker.engine_id)
+    return reason
+
+
 async def serve(cfg: EngineProcessConfig, max_rejoins: int = 10) -> str:
     """Start the backend, run the worker until it stops, shut the backend down; returns the
     worker's stop reason. An engine the gateway dropped (it missed heartbeats, or its
@@ -134,7 +156,6 @@ async def serve(cfg: EngineProcessConfig, max_rejoins: int = 10) -> str:
     any lease)."""
     from gateway import messages as m
     from gateway.client import GatewayClient
-    from rollout_engine.worker import EngineWorker
 
     devices, tp = device_counts(cfg)
     spec = m.EngineSpec(
@@ -151,17 +172,7 @@ async def serve(cfg: EngineProcessConfig, max_rejoins: int = 10) -> str:
     client = GatewayClient.from_token_file(cfg.gateway, cfg.token_file, "engine", cfg.ca_file)
     try:
         await backend.start()
-        loop = asyncio.get_running_loop()
-        reason = ""
-        for _ in range(max_rejoins + 1):
-            worker = EngineWorker(client, backend, spec, cfg.worker)
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, worker.request_stop)
-            reason = await worker.run()
-            if reason != "dropped":
-                return reason
-            log.warning("the gateway dropped this engine; registering again")
-        return reason
+        return await run_worker(client, backend, spec, cfg.worker, max_rejoins)
     finally:
         await backend.shutdown()
         client.close()
