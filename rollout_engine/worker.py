@@ -377,6 +377,12 @@ class EngineWorker:
         if not serving:
             for task in list(self._inflight):
                 task.cancel()
+        d = self._directive
+        if d is not None and d.target_version == v and self._fresh(d):
+            # the trainer already re-planned this version on a new group (a member of the old
+            # one died): this failure is the broken attempt's, not one of the new plan
+            log.warning("version %d: not acking the broken attempt; the new plan follows", v)
+            return
         await self._call(
             self.client.ack_version, self.engine_id, v, "failed", error, serving=serving
         )
