@@ -187,3 +187,33 @@ def _spec():
     return m.EngineSpec(
         backend="jax", model_family="llama", dtype="bfloat16", transports=("gloo",), name="ok"
     )
+
+
+class _Ctx:
+    def __init__(self, left):
+        self.left = left
+
+    def time_remaining(self):
+        return self.left
+
+
+def test_only_a_long_poll_cut_short_before_its_deadline_drops_the_engine(gw):
+    import threading
+
+    from gateway.auth import Authenticator
+    from gateway.servicer import GatewayServicer
+
+    state, _ = _state(gw)
+    servicer = GatewayServicer(state, Authenticator(gw.TOKENS), lambda reason: None)
+    eid = state.register(gw.register(name="a")).engine_id
+    answered = threading.Event()
+    answered.set()
+    servicer._ended("Heartbeat", eid, _Ctx(30.0), answered)  # answered: a normal end
+    servicer._ended("Heartbeat", eid, _Ctx(0.1), threading.Event())  # its deadline ran out
+    assert [e.engine_id for e in state.status().engines] == [eid]
+    servicer._ended("LeasePrompts", eid, _Ctx(12.0), threading.Event())  # cut short
+    assert state.status().engines == []
+    assert state.events.events("dropped")[0]["reason"] == (
+        f"engine {eid!r}: its LeasePrompts long poll was cancelled before the answer (its "
+        "connection dropped: the process died or closed its channel)"
+    )
