@@ -6,6 +6,7 @@ Each run is the main job (`python -m trainer train --config configs/smoke.yaml`,
 model, `--engines` JAX engines, no evaluation, `--steps` steps, the launcher's supervisor
 restarting the dead engines). This process watches the run folder: it SIGKILLs one engine's
 process group (engine0, engine1, ... in turn) every `--kill-every` seconds once training began,
+at the first moment after that when the engine holds leased prompts (the gateway's status),
 and reads the gateway's event log (``RUN_DIR/logs/gateway_events.jsonl``) afterwards:
 - `kill_to_requeued_s`: wall-clock seconds from the SIGKILL to the gateway's
   `leases_requeued` event of that engine (the gateway drops it when its long poll breaks);
@@ -16,7 +17,7 @@ Steps per minute: (steps - 1) / (seconds between the first and the last metrics 
 the rows' arrival times seen by polling `metrics.jsonl` every 0.05 s. The reference is the
 same job without kills, measured in the same invocation (first); `ratio` = faulty / clean.
 
-Usage: python benchmarks/engine_faults.py [--steps 120] [--engines 2] [--kill-every 30]
+Usage: python benchmarks/engine_faults.py [--steps 240] [--engines 2] [--kill-every 30]
 Last line: one JSON object.
 """
 
@@ -33,6 +34,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from gateway.client import GatewayClient
+from gateway.errors import GatewayError
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -47,6 +51,25 @@ def _events(run_dir: Path) -> list[dict]:
         except json.JSONDecodeError:
             continue
     return out
+
+
+def _kill_holding(run_dir: Path, client: GatewayClient, args, kills: list) -> bool:
+    """SIGKILL the next engine in turn once it holds leased prompts (checked on the gateway's
+    status); True when it was killed. An engine still restarting is skipped."""
+    name = f"engine{len(kills) % args.engines}"
+    children = json.loads((run_dir / "logs" / "children.json").read_text())
+    if children[name]["status"] is not None:
+        kills.append((float("nan"), name))  # dead already (restarting): the next one's turn
+        return False
+    try:
+        engines = client.status().engines
+    except GatewayError:  # the job is ending: its gateway shut down
+        return False
+    if not any(e.name == name and e.leased_prompts > 0 for e in engines):
+        return False
+    os.killpg(int(children[name]["pid"]), signal.SIGKILL)
+    kills.append((time.time(), name))
+    return True
 
 
 def run_job(tmp: Path, tag: str, args: argparse.Namespace, kill_every: float | None) -> dict:
@@ -71,21 +94,24 @@ def run_job(tmp: Path, tag: str, args: argparse.Namespace, kill_every: float | N
     arrivals: list[float] = []
     kills: list[tuple[float, str]] = []  # (wall time, engine name)
     next_kill = None
+    client = None
     try:
         while job.poll() is None:
             n = metrics.read_text().count("\n") if metrics.exists() else 0
             arrivals += [time.time()] * (n - len(arrivals))
             if kill_every and arrivals:
+                if client is None:
+                    address = f"127.0.0.1:{int((run_dir / 'gateway.port').read_text())}"
+                    client = GatewayClient.from_token_file(
+                        address, run_dir / "tokens.txt", "trainer"
+                    )
                 next_kill = next_kill or arrivals[0] + kill_every
-                if time.time() >= next_kill:
-                    name = f"engine{len(kills) % args.engines}"
-                    children = json.loads((run_dir / "logs" / "children.json").read_text())
-                    if children[name]["status"] is None:
-                        os.killpg(int(children[name]["pid"]), signal.SIGKILL)
-                        kills.append((time.time(), name))
+                if time.time() >= next_kill and _kill_holding(run_dir, client, args, kills):
                     next_kill += kill_every
-            time.sleep(0.05)
+            time.sleep(0.02)
     finally:
+        if client is not None:
+            client.close()
         if job.poll() is None:
             job.kill()
     stderr = job.stderr.read() if job.stderr else ""
@@ -94,6 +120,7 @@ def run_job(tmp: Path, tag: str, args: argparse.Namespace, kill_every: float | N
     n = metrics.read_text().count("\n")
     arrivals += [time.time()] * (n - len(arrivals))
     steps_per_min = (len(arrivals) - 1) / max(arrivals[-1] - arrivals[0], 1e-9) * 60
+    kills = [k for k in kills if k[0] == k[0]]  # the real kills (NaN: a skipped turn)
     out: dict = {"steps": len(arrivals), "steps_per_min": steps_per_min, "kills": len(kills)}
     if kills:
         events = _events(run_dir)
@@ -124,7 +151,7 @@ def run_job(tmp: Path, tag: str, args: argparse.Namespace, kill_every: float | N
 def main() -> None:
     """Run the clean and the faulty job; print each, then the summary JSON line."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--steps", type=int, default=240)
     p.add_argument("--engines", type=int, default=2)
     p.add_argument("--kill-every", type=float, default=30.0)
     args = p.parse_args()
