@@ -37,7 +37,9 @@ that dies during it is dropped from it and the version commits on the rest:
   survivors, the push fails with `PushError`.
 Engines that register during a push are left out of it; they lease nothing until they loaded
 the version current when they registered (the gateway holds them back), which they receive
-with the next push.
+with the next push, or sooner from `start_catch_up`'s thread, which re-sends the last version
+from a host copy to engines behind it while no push runs (a run whose only engine died and
+came back has no next push until that engine serves).
 
 Extra trainer memory is bounded by one bucket (which a collective sender keeps between
 pushes: packing into a reused buffer avoids its page faults, `gateway.transport.base.
@@ -50,6 +52,7 @@ more per extra rank that holds its head when TP exceeds the KV heads.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -193,6 +196,62 @@ class WeightPublisher:
         rules = expand(self.family, cfg, self.jax_dims)
         self._shapes = [(r.hf, r.hf_shape) for r in rules]
         self._shards = {r.hf: r.rule.shard_kind for r in rules if r.rule.tp_dim is not None}
+        self._lock = threading.Lock()  # one push (or catch-up) at a time
+        self._last: tuple[int, dict[str, np.ndarray]] | None = None
+        self._keep_last = False
+        self._catch_up_stop = threading.Event()
+        self._catch_up_thread: threading.Thread | None = None
+
+    def start_catch_up(self, interval_s: float = 0.5) -> None:
+        """From now on keep a host copy of each pushed version (its engine tensors in the
+        params' dtype: the model's bytes once more in host memory, copied after every push)
+        and, every `interval_s` seconds while no push runs, re-send it to every registered
+        engine that does not hold it (`catch_up`): an engine restarted while the trainer waits
+        for rollouts gets the current version without waiting for a push that, with no other
+        engine serving, would never come. Stopped by `close`."""
+        self._keep_last = True
+        if self._catch_up_thread is None:
+            self._catch_up_thread = threading.Thread(
+                target=self._catch_up_loop, args=(interval_s,), name="catch-up", daemon=True
+            )
+            self._catch_up_thread.start()
+
+    def _catch_up_loop(self, interval_s: float) -> None:
+        while not self._catch_up_stop.wait(interval_s):
+            try:
+                self.catch_up()
+            except Exception:  # noqa: BLE001 - retried at the next tick; pushes report errors
+                log.exception("catching engines up failed")
+
+    def catch_up(self) -> tuple[str, ...]:
+        """Re-send the last pushed version (from its host copy) to the registered engines
+        behind it, as a re-plan of that version on a group of those engines only; returns the
+        engines that loaded it (empty when none was behind, a push is running, or nothing
+        was kept yet).
+
+        Raises:
+            PushError: an engine failed to load it; GatewayError: the gateway refused.
+        """
+        if self._last is None or not self._lock.acquire(blocking=False):
+            return ()
+        try:
+            version, tensors = self._last
+            status = self.client.status()
+            if int(status.current_version) != version:
+                return ()
+            behind = tuple(
+                sorted(
+                    (e.engine_id, max(1, e.tp_size))
+                    for e in status.engines
+                    if e.weight_version < version
+                )
+            )
+            if not behind:
+                return ()
+            log.info("catching %s up to version %d", list(_ids(behind)), version)
+            return self._push_once(tensors, version, behind).engines
+        finally:
+            self._lock.release()
 
     def manifest(self, version: int, tp_size: int = 1) -> Manifest:
         """The manifest of `version`: every engine tensor, in sending order, wire dtype.
@@ -227,6 +286,38 @@ class WeightPublisher:
                 current one).
         """
         params = _flat(model_or_params)
+        with self._lock:
+            stats = self._push(params, version)
+            if self._keep_last:
+                kept = {name: np.array(x) for name, x in self._engine_tensors(params)}
+                self._last = (version, kept)
+            return stats
+
+    def _push_once(
+        self, tensors: Mapping[str, np.ndarray], version: int, members: tuple
+    ) -> PushStats:
+        """One attempt of `version` from host engine tensors (HF names and layout) to
+        `members`: publish, ready, send, loaded (no re-plan; the group is dropped on failure)."""
+        t0 = time.perf_counter()
+        sender, plan = self._plan(members, version)
+        self.client.publish_version(version, plan.to_params())
+        try:
+            ids = self._wait(version, "ready", _ids(members), self.ready_timeout_s)
+            t1 = time.perf_counter()
+            # whole tensors in HF layout and manifest order; a sharded sender slices them
+            send = sender.send(plan.manifest, iter(tensors.items()))
+            t2 = time.perf_counter()
+            ids = self._wait(version, "loaded", ids, self.loaded_timeout_s)
+        except BaseException:
+            self._drop_group()
+            raise
+        t3 = time.perf_counter()
+        return PushStats(
+            version, send.num_bytes, len(self._shapes), send.num_buckets, ids,
+            t1 - t0, t2 - t1, t3 - t2, t3 - t0, plan.manifest.tp_size,
+        )  # fmt: skip
+
+    def _push(self, params: Mapping, version: int) -> PushStats:
         t0 = time.perf_counter()
         members = self._live_engines(version)
         lost: list[str] = []
@@ -274,7 +365,10 @@ class WeightPublisher:
         )
 
     def close(self) -> None:
-        """Release the sender (and its group)."""
+        """Stop catching engines up; release the sender (and its group)."""
+        self._catch_up_stop.set()
+        if self._catch_up_thread is not None:
+            self._catch_up_thread.join(10.0)
         self._drop_group()
 
     # ----- steps -----

@@ -82,6 +82,8 @@ def train_and_evaluate(
         client, transport, model_cfg.family, model_cfg, job.engine_dtype,
         min_engines=launch.min_engines,
     )  # fmt: skip
+    if launch.restart_engines:  # a restarted engine gets the current version between pushes
+        publisher.start_catch_up()
     supervisor = None
     if not launch.gateway:  # the engines are ours: restart the ones that die
         supervisor = EngineSupervisor(

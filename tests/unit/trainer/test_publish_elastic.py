@@ -8,6 +8,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,46 @@ def test_an_engine_killed_during_the_send_is_dropped_and_the_version_commits(mod
         publisher.close()
     finally:
         dying.kill()
+        trainer.shutdown()
+        for r in runs:
+            r.join()
+        trainer.close()
+        engine.close()
+        server.stop(0)
+
+
+def test_an_engine_registering_between_pushes_is_caught_up_to_the_current_version(model):
+    path, cfg, decoder = model
+    server, trainer, engine = h.start_gateway()
+    first = h.FakeBackend()
+    runs = [h.WorkerThread(engine, first, lease_wait_s=0.2)]
+    try:
+        a = runs[0].wait_registered()
+        transport = GlooTransportConfig(port=0, timeout_s=30, bucket_bytes=BUCKET)
+        publisher = WeightPublisher(trainer, transport, "llama", cfg, "float32")
+        publisher.start_catch_up(interval_s=0.05)
+        assert publisher.push(decoder, version=1).engines == (a,)
+        late = h.FakeBackend()  # as a restarted engine: registers at 0 while 1 is current
+        runs.append(h.WorkerThread(engine, late, lease_wait_s=0.2))
+        b = runs[1].wait_registered()
+        deadline = time.monotonic() + 30
+        while late.weight_version != 1:
+            assert time.monotonic() < deadline, "the late engine was never caught up"
+            time.sleep(0.02)
+        reference = load_file(str(path / "model.safetensors"))
+        assert all(torch.equal(late.received[n], t.float()) for n, t in reference.items())
+        assert [c[1:] for c in late.connects] == [(1, 2)]  # a group of the late engine alone
+        trainer.submit_prompts([h.prompt(f"q{i}", [i + 1], min_version=1) for i in range(8)])
+        groups = trainer.fetch_rollouts(max_groups=8, timeout_s=10, min_groups=8)
+        assert len(groups) == 8
+        events = server.state.events
+        published = [(e["version"], e["replan"]) for e in events.events("published")]
+        assert published == [(1, False), (1, True)]
+        mine = [e["event"] for e in events.events() if e.get("engine") == b]
+        assert mine[0] == "registered" and "leased" not in mine[: mine.index("loaded")]
+        assert publisher.catch_up() == ()  # nobody is behind any more
+        publisher.close()
+    finally:
         trainer.shutdown()
         for r in runs:
             r.join()
