@@ -182,3 +182,67 @@ def test_two_jax_one_vllm_engine_survive_two_kills(tmp_path):
     committed = {e["engine"] for e in events if e["event"] == "loaded" and e["version"] == v}
     assert len(committed) >= 1 and dead2 not in committed
     assert metrics[v - 1]["version"] == v  # the step that pushed it went on
+
+
+@pytest.mark.slow
+def test_a_run_whose_only_engine_dies_heals(tmp_path):
+    """One JAX engine, SIGKILLed at version >= 3 while it holds leases: its leases go back at
+    once, the launcher restarts it, it receives the current version (from the next push, which
+    waits for an engine, or from the publisher's catch-up when the trainer was waiting for
+    rollouts: no push can come while no engine serves) and leases only after loading it; all
+    steps complete."""
+    run_dir = tmp_path / "run"
+    steps = 8
+    command = [
+        sys.executable, "-m", "trainer", "train", "--config", "configs/smoke.yaml",
+        f"run_dir={run_dir}", "launch.progress=false", f"trainer.steps={steps}",
+        "launch.restart_backoff_s=0.5", "eval.size=0",
+    ]  # fmt: skip
+    job = subprocess.Popen(
+        command, cwd=REPO, env=_env(tmp_path), stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    killed: dict = {}
+
+    def kill_once() -> None:
+        port = run_dir / "gateway.port"
+        while not port.exists() and job.poll() is None:
+            time.sleep(0.1)
+        client = GatewayClient.from_token_file(
+            f"127.0.0.1:{int(port.read_text())}", run_dir / "tokens.txt", "trainer"
+        )
+        try:
+            while job.poll() is None and not killed:
+                status = client.status()
+                for e in status.engines:
+                    if e.leased_prompts > 0 and status.current_version >= 3:
+                        children = json.loads((run_dir / "logs" / "children.json").read_text())
+                        os.killpg(int(children["engine0"]["pid"]), signal.SIGKILL)
+                        killed.update(t=time.time(), engine=e.engine_id)
+                        killed["version"] = int(status.current_version)
+                time.sleep(0.02)
+        finally:
+            client.close()
+
+    watcher = threading.Thread(target=kill_once, daemon=True)
+    watcher.start()
+    try:
+        _, stderr = job.communicate(timeout=400)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    watcher.join(10)
+    assert job.returncode == 0, stderr[-4000:]
+    assert killed, "the engine never held a lease at version >= 3"
+    summary = json.loads((run_dir / "job_summary.json").read_text())
+    assert summary["loop"]["steps"] == steps and summary["engine_restarts"] == {"engine0": 1}
+    events = read_events(run_dir / "logs" / "gateway_events.jsonl")
+    requeued = [e for e in events if e["event"] == "leases_requeued"]
+    assert [e["engine"] for e in requeued] == [killed["engine"]] and requeued[0]["prompts"] > 0
+    reborn = [e for e in events if e["event"] == "registered" and e["t"] > killed["t"]]
+    assert len(reborn) == 1 and reborn[0]["current"] == killed["version"]
+    mine = [e for e in events if e.get("engine") == reborn[0]["engine"]]
+    kinds = [e["event"] for e in mine]
+    first_load = kinds.index("loaded")
+    assert mine[first_load]["version"] >= reborn[0]["current"]
+    assert "leased" not in kinds[:first_load] and "leased" in kinds
