@@ -11,12 +11,14 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from gateway.transport.config import GlooTransportConfig
 from trainer.checkpoints.hf_io import load_hf_checkpoint
+from trainer.models.params import flat_params
 from trainer.publish import PushError, WeightPublisher
 
 _here = Path(__file__).parent
@@ -122,6 +124,13 @@ def test_an_engine_registering_between_pushes_is_caught_up_to_the_current_versio
         mine = [e["event"] for e in events.events() if e.get("engine") == b]
         assert mine[0] == "registered" and "leased" not in mine[: mine.index("loaded")]
         assert publisher.catch_up() == ()  # nobody is behind any more
+        kept = publisher._last[1]
+        tripled = {k: np.asarray(v) * 3 for k, v in flat_params(decoder).items()}
+        assert sorted(publisher.push(tripled, version=2).engines) == sorted([a, b])
+        assert publisher._last[0] == 2 and publisher._last[1] is not kept
+        for name, buf in publisher._last[1].items():  # the same buffers, holding version 2
+            assert buf is kept[name]
+            assert torch.equal(torch.from_numpy(buf), reference[name].float() * 3), name
         publisher.close()
     finally:
         trainer.shutdown()
