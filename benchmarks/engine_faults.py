@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -116,7 +117,9 @@ def run_job(tmp: Path, tag: str, args: argparse.Namespace, kill_every: float | N
             job.kill()
     stderr = job.stderr.read() if job.stderr else ""
     if job.returncode != 0:
-        raise RuntimeError(f"{tag} run failed ({job.returncode}): {stderr[-3000:]}")
+        raise RuntimeError(
+            f"{tag} run failed ({job.returncode}), run folder {run_dir}: {stderr[-3000:]}"
+        )
     n = metrics.read_text().count("\n")
     arrivals += [time.time()] * (n - len(arrivals))
     steps_per_min = (len(arrivals) - 1) / max(arrivals[-1] - arrivals[0], 1e-9) * 60
@@ -157,11 +160,12 @@ def main() -> None:
     args = p.parse_args()
     if args.steps < 2 or args.engines < 2 or args.kill_every <= 0:
         p.error("--steps >= 2, --engines >= 2 (one must survive each kill), --kill-every > 0")
-    with tempfile.TemporaryDirectory() as tmp:
-        clean = run_job(Path(tmp), "clean", args, None)
-        print("clean:", json.dumps(clean), flush=True)
-        faulty = run_job(Path(tmp), "faulty", args, args.kill_every)
-        print("faulty:", json.dumps(faulty), flush=True)
+    tmp = tempfile.mkdtemp(prefix="engine_faults-")  # kept when a run fails, for its logs
+    clean = run_job(Path(tmp), "clean", args, None)
+    print("clean:", json.dumps(clean), flush=True)
+    faulty = run_job(Path(tmp), "faulty", args, args.kill_every)
+    print("faulty:", json.dumps(faulty), flush=True)
+    shutil.rmtree(tmp, ignore_errors=True)
     summary = {
         "kill_to_requeued_s": faulty.get("kill_to_requeued_s"),
         "kill_to_leased_again_s": faulty.get("kill_to_leased_again_s"),

@@ -351,13 +351,16 @@ class WeightPublisher:
             except _MembersLost as e:
                 self._drop_group()  # a broken collective leaves the group out of step
                 lost += e.gone
-                members = tuple(x for x in members if x[0] not in e.gone)
+                survivors = _ids(tuple(x for x in members if x[0] not in e.gone))
+                self._settle(version, survivors)
+                # the engines registered now: the survivors, and any that came back (a
+                # restart) meanwhile; below min_engines this waits for them (ready_timeout_s)
+                members = tuple(x for x in self._live_engines(version, lost) if x[0] not in lost)
                 log.warning(
                     "push of version %d: engines %s left %s (attempt %d); re-sending it to %s",
                     version, e.gone, e.when, attempt + 1, list(_ids(members)),
                 )  # fmt: skip
                 self._check_enough(version, len(members), f"after {lost} left during the push")
-                self._settle(version, _ids(members))
                 continue
             except BaseException:
                 self._drop_group()  # a failed collective leaves the group out of step
@@ -390,9 +393,12 @@ class WeightPublisher:
     def _collective(self) -> bool:
         return not isinstance(self.transport, FileTransportConfig)
 
-    def _live_engines(self, version: int) -> tuple[tuple[str, int], ...]:
+    def _live_engines(
+        self, version: int, lost: list[str] | None = None
+    ) -> tuple[tuple[str, int], ...]:
         """The engines registered now, as (id, TP size); waits up to `ready_timeout_s` for
-        `min_engines` of them (a restarted engine registering again)."""
+        `min_engines` of them (a restarted engine registering again). `lost`: the engines
+        that left during this push (named in the error)."""
         deadline = time.monotonic() + self.ready_timeout_s
         while True:
             status = self.client.status()
@@ -400,7 +406,8 @@ class WeightPublisher:
             if len(members) >= self.min_engines:
                 return members
             if time.monotonic() > deadline:
-                self._check_enough(version, len(members), f"within {self.ready_timeout_s} s")
+                why = f" after {lost} left during the push" if lost else ""
+                self._check_enough(version, len(members), f"within {self.ready_timeout_s} s{why}")
             time.sleep(0.2)
 
     def _check_enough(self, version: int, serving: int, when: str) -> None:
