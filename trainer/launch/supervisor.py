@@ -8,6 +8,10 @@ capped at `backoff_max_s`), at most `max_restarts` times over the run; an engine
 written to ``LOG_DIR/children.json`` (name -> pid, restarts, status), so a test or an operator
 can find an engine's process.
 
+`on_death(name)` (optional) is called from the thread as soon as a death is seen: the main job
+uses it to deregister the dead engine on the gateway at once (`deregister_dead`), so its
+leases go back to the queue even when no long poll of it was in flight to break.
+
 `check()` is the trainer's `before_update` hook: it raises when the run cannot go on — a
 non-engine child (the gateway) exited, or fewer than `min_engines` engines are alive or about
 to be restarted — and otherwise lets the run go on while restarts happen.
@@ -19,8 +23,9 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from trainer.launch.processes import ProcessSet
 
@@ -39,6 +44,7 @@ class EngineSupervisor:
       backoff_max_s: cap of that wait (seconds).
       min_engines: fewest engines alive or pending a restart that `check` accepts (>= 1).
       poll_s: seconds between looks at the children (> 0).
+      on_death: called with an engine's name when it is seen dead (errors are logged).
 
     Raises:
       ValueError: a bad count or duration.
@@ -55,6 +61,7 @@ class EngineSupervisor:
         backoff_max_s: float = 60.0,
         min_engines: int = 1,
         poll_s: float = 0.2,
+        on_death: Callable[[str], None] | None = None,
     ) -> None:
         if max_restarts < 0 or min_engines < 1 or backoff_s <= 0 or poll_s <= 0:
             raise ValueError(
@@ -69,6 +76,7 @@ class EngineSupervisor:
         self.backoff_max_s = backoff_max_s
         self.min_engines = min_engines
         self.poll_s = poll_s
+        self.on_death = on_death
         self.restarts: dict[str, int] = dict.fromkeys(self.engines, 0)
         self.history: list[dict] = []  # one row per death: name, status, at, restarted
         self._due: dict[str, float] = {}  # engine -> monotonic time of its restart
@@ -149,6 +157,11 @@ class EngineSupervisor:
                 if code is None or code == 0 or name in self._given_up:
                     continue
                 if name not in self._due:
+                    if self.on_death is not None:
+                        try:
+                            self.on_death(name)
+                        except Exception:  # noqa: BLE001 - the gateway drops it later anyway
+                            log.exception("on_death(%s) failed", name)
                     k = self.restarts[name]
                     if not self.restart or k >= self.max_restarts:
                         self._given_up.add(name)
@@ -181,3 +194,24 @@ class EngineSupervisor:
         tmp = Path(str(self._path) + ".tmp")
         tmp.write_text(json.dumps(rows, indent=1, sort_keys=True) + "\n")
         tmp.replace(self._path)
+
+
+def deregister_dead(trainer: Any, engine: Any) -> Callable[[str], None]:
+    """An `on_death` for the main job: deregister every gateway engine registered under the
+    dead child's name (the launcher names engine i "engine{i}"), with the run's engine-role
+    client `engine`; `trainer` is its trainer-role client (for the status). A name the gateway
+    no longer lists (it noticed first) is a no-op.
+    """
+    from gateway.errors import GatewayError
+
+    def on_death(name: str) -> None:
+        for e in trainer.status().engines:
+            if e.name == name:
+                try:
+                    n = engine.deregister(e.engine_id)
+                except GatewayError as err:  # dropped meanwhile
+                    log.info("deregistering dead %s (%s): %s", name, e.engine_id, err)
+                    continue
+                log.warning("deregistered dead %s (%s): %d prompts requeued", name, e.engine_id, n)
+
+    return on_death

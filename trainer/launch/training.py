@@ -29,7 +29,7 @@ from trainer.launch.job_config import JobConfig
 from trainer.launch.processes import ProcessSet
 from trainer.launch.report import Reporter, plot_metrics, read_metrics
 from trainer.launch.stack import wait_for_engines
-from trainer.launch.supervisor import EngineSupervisor
+from trainer.launch.supervisor import EngineSupervisor, deregister_dead
 from trainer.loop import AsyncTrainer
 from trainer.publish import WeightPublisher
 from trainer.rewards import ProblemStream, ScoringPool
@@ -84,13 +84,17 @@ def train_and_evaluate(
     )  # fmt: skip
     if launch.restart_engines:  # a restarted engine gets the current version between pushes
         publisher.start_catch_up()
-    supervisor = None
+    supervisor, engine_client = None, None
     if not launch.gateway:  # the engines are ours: restart the ones that die
+        engine_client = GatewayClient.from_token_file(
+            client.address, run_dir / "tokens.txt", "engine"
+        )
         supervisor = EngineSupervisor(
             procs, [f"engine{i}" for i in range(launch.num_engines)],
             restart=launch.restart_engines, max_restarts=launch.max_restarts,
             backoff_s=launch.restart_backoff_s, backoff_max_s=launch.restart_backoff_max_s,
             min_engines=launch.min_engines,
+            on_death=deregister_dead(client, engine_client),
         ).start()  # fmt: skip
     reporter = Reporter(run_dir, cfg.trainer.steps, int(state.step), show_bar=launch.progress)
     r = cfg.rollout
@@ -143,6 +147,8 @@ def train_and_evaluate(
     finally:
         if supervisor is not None:
             supervisor.stop()
+        if engine_client is not None:
+            engine_client.close()
         reporter.close()
         publisher.close()
         checkpointer.close()

@@ -117,3 +117,51 @@ def test_backoff_doubles_and_restarts_can_be_off(tmp_path):
         assert 14.0 < sup._due["engine0"] - time.monotonic() <= 15.0
     finally:
         procs2.stop_all()
+
+
+def test_a_dead_engine_is_deregistered_on_the_gateway_at_once(tmp_path):
+    """`deregister_dead` as `on_death`: the dead child's gateway engine (registered under its
+    name, silent but not disconnected: no long poll of it to break) is deregistered when the
+    supervisor sees the death; its leased prompts go back to the queue."""
+    from gateway import messages as m
+    from gateway.client import GatewayClient
+    from gateway.config import GatewayConfig
+    from gateway.server import GatewayServer
+    from protos import gateway_pb2 as gpb
+    from trainer.launch.supervisor import deregister_dead
+
+    tokens = {"trainer": "trainer-token-0123456789", "engine": "engine-token-0123456789"}
+    srv = GatewayServer(GatewayConfig(model_family="llama", heartbeat_timeout_s=300.0), tokens)
+    srv.start()
+    trainer = GatewayClient(srv.address, tokens["trainer"])
+    engine = GatewayClient(srv.address, tokens["engine"])
+    try:
+        spec = m.EngineSpec("jax", "llama", "float32", ("gloo",), name="engine0")
+        eid = engine.register_engine(spec).engine_id
+        srv.state.submit(gpb.SubmitRequest(prompts=[_prompt("p0"), _prompt("p1")]))
+        assert len(engine.lease_prompts(eid, 2, 1.0).prompts) == 2
+        with ProcessSet(tmp_path / "logs", timeout_s=5) as procs:
+            procs.start("engine0", SLEEPER, os.environ)
+            with EngineSupervisor(
+                procs, ["engine0"], backoff_s=30.0, poll_s=0.02,
+                on_death=deregister_dead(trainer, engine),
+            ):  # fmt: skip
+                _kill(procs, "engine0", ups=1)
+                _wait(lambda: srv.state.events.events("leases_requeued"), "not deregistered")
+        (requeued,) = srv.state.events.events("leases_requeued")
+        assert (requeued["engine"], requeued["prompts"]) == (eid, 2)
+        assert srv.state.events.events("dropped")[0]["reason"] == f"engine {eid!r} deregistered"
+        assert trainer.status().engines == []
+    finally:
+        trainer.close()
+        engine.close()
+        srv.stop(0)
+
+
+def _prompt(sid):
+    from protos import rollout_pb2 as rpb
+
+    return rpb.Prompt(
+        sample_id=sid, token_ids=[1, 2], group_size=2,
+        sampling=rpb.SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=4),
+    )  # fmt: skip
