@@ -36,6 +36,7 @@ _OVERRIDES = {
     "SamplingParams.stop_token_ids": "max_list_items",
     "Completion.token_ids": "max_new_tokens",
     "Completion.logprobs": "max_new_tokens",
+    "Completion.forced_positions": "max_new_tokens",
     "Completion.version_spans": "max_new_tokens",
     "MetricsRequest.values": "max_metric_keys",
     "PublishRequest.params": "max_param_entries",

@@ -54,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--rendezvous", default="")
     serve.add_argument("--backends", default="", help="comma-separated allowed backends")
     serve.add_argument("--log-level", default="INFO")
+    serve.add_argument(
+        "--events-file", type=Path, help="append the event log (gateway.events) here, JSONL"
+    )
 
     status = sub.add_parser("status", help="print engines, versions, queue depths and rates")
     status.add_argument("--address", required=True, help="HOST:PORT")
@@ -119,6 +122,7 @@ def _serve(args: argparse.Namespace) -> int:
         port=args.port,
         cert_file=args.cert,
         key_file=args.key,
+        events_file=args.events_file,
     ).start()
     if args.port_file:
         tmp = args.port_file.with_suffix(".tmp")

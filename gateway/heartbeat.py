@@ -26,8 +26,10 @@ class HeartbeatThread:
         engine_id: the registered engine.
         interval_s: seconds between heartbeats (> 0), e.g. `Registration.heartbeat_interval_s`.
         active_prompts: returns how many prompts the engine works on (status only).
-        on_sync: called from the thread, once per new target version, as soon as the trainer
-            publishes it (the engine's cue to reach a safe point and load it).
+        on_sync: called from the thread, once per new target version or new plan of it (the
+            trainer re-planned a version after a data-plane member died: its `group` param
+            changed), as soon as the trainer publishes it (the engine's cue to reach a safe
+            point and load it).
 
     A failed heartbeat is kept in `error` and retried at the next tick (after 0.1 s for a
     RESOURCE_EXHAUSTED: the gateway had no room for one more call); a NOT_FOUND (the gateway
@@ -75,7 +77,7 @@ class HeartbeatThread:
         return self._thread.is_alive()
 
     def _loop(self) -> None:
-        known = 0
+        known, known_group = 0, ""
         while not self._stop.is_set():
             t0 = time.monotonic()
             try:  # a long poll: returns early when a new sync directive appears
@@ -86,10 +88,14 @@ class HeartbeatThread:
                 self.beats += 1
                 if beat.shutting_down:
                     return
-                if beat.sync is not None and beat.sync.target_version > known:
-                    known = beat.sync.target_version
+                d = beat.sync
+                group = d.params.get("group", "") if d is not None else ""
+                if d is not None and (
+                    d.target_version > known or (d.target_version == known and group != known_group)
+                ):
+                    known, known_group = d.target_version, group
                     if self._on_sync is not None:
-                        self._on_sync(beat.sync)
+                        self._on_sync(d)
                     continue
                 self._stop.wait(self._interval_s - (time.monotonic() - t0))
             except GatewayError as e:

@@ -11,6 +11,7 @@ import grpc
 
 from gateway.auth import Authenticator
 from gateway.config import GatewayConfig
+from gateway.events import EventLog
 from gateway.servicer import GatewayServicer
 from gateway.state import GatewayState
 from protos import gateway_pb2_grpc
@@ -29,6 +30,8 @@ class GatewayServer:
         cert_file, key_file: PEM certificate chain and private key; both or neither. With
             them the server speaks TLS only.
         state: an existing state (tests inject one with a fake clock).
+        events_file: JSONL file the event log (`gateway.events`) is appended to; None keeps
+            events in memory only (ignored when `state` is given).
 
     The server runs `config.max_concurrent_rpcs` threads and gRPC admits at most as many
     calls at once (more get RESOURCE_EXHAUSTED), so an admitted call never queues for a
@@ -44,6 +47,7 @@ class GatewayServer:
         cert_file: str | Path | None = None,
         key_file: str | Path | None = None,
         state: GatewayState | None = None,
+        events_file: str | Path | None = None,
     ) -> None:
         if (cert_file is None) != (key_file is None):
             raise ValueError(
@@ -51,7 +55,7 @@ class GatewayServer:
                 f"key={key_file}"
             )
         self.config = config
-        self.state = state or GatewayState(config)
+        self.state = state or GatewayState(config, events=EventLog(events_file))
         self._stopped = threading.Event()
         workers = config.max_concurrent_rpcs
         self._server = grpc.server(

@@ -5,18 +5,26 @@ of every field (`gateway.bounds`, INVALID_ARGUMENT), then the state method. A `G
 becomes a gRPC status with its code and message; any other exception becomes INTERNAL with
 its type. Every message is cut to `gateway.errors.MAX_MESSAGE_CHARS`; the server keeps
 serving.
+
+An engine's long polls (Heartbeat, LeasePrompts) watch its connection: when gRPC ends one of
+them before the handler answered and not because its deadline passed (the engine died, or its
+channel closed), the engine is dropped at once (`GatewayState.peer_lost`, only for a call that
+carried that engine's key) and its leases go back to the queue, instead of after the heartbeat
+timeout.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 
 from gateway.auth import ENGINE, TRAINER, Authenticator
 from gateway.bounds import RequestBounds
-from gateway.errors import GatewayError, clip
+from gateway.errors import GatewayError, clip, shown
 from gateway.state import GatewayState
 from protos import gateway_pb2 as gpb
 from protos import gateway_pb2_grpc
@@ -41,6 +49,12 @@ _ROUTES: dict[str, tuple[tuple[str, ...], Callable]] = {
 }
 
 
+# The engine's long polls whose early end means its connection broke.
+_WATCHED = ("Heartbeat", "LeasePrompts")
+# A call ended with less than this many seconds left before its deadline ran out, not broke.
+_DEADLINE_SLACK_S = 0.5
+
+
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     """Serves every RPC of protos/gateway.proto over one `GatewayState`.
 
@@ -63,13 +77,37 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         try:
             self._auth.check(context.invocation_metadata(), name, roles)
             self._bounds.check(request)
-            return fn(self.state, request)
+            if name not in _WATCHED:
+                return fn(self.state, request)
+            answered = threading.Event()
+            context.add_callback(lambda: self._ended(name, request, context, answered))
+            try:
+                return fn(self.state, request)
+            finally:
+                answered.set()
         except GatewayError as e:
             self.state.count_rejected()
             context.abort(grpc.StatusCode[e.code], clip(e.message))
         except Exception as e:  # keep serving; tell the caller what broke
             log.exception("%s failed", name)
             context.abort(grpc.StatusCode.INTERNAL, clip(f"{name}: {type(e).__name__}: {e}"))
+
+    def _ended(
+        self, name: str, request: Any, context: grpc.ServicerContext, answered: threading.Event
+    ) -> None:
+        """gRPC's end-of-call callback of a watched long poll (see the module docstring)."""
+        if answered.is_set():
+            return
+        left = context.time_remaining()
+        if left is not None and left < _DEADLINE_SLACK_S:
+            return  # its deadline passed: a slow answer, not a dead peer
+        engine_id = shown(request.engine_id)
+        self.state.peer_lost(
+            request.engine_id,
+            request.engine_key,
+            f"engine {engine_id}: its {name} long poll was cancelled before the answer "
+            "(its connection dropped: the process died or closed its channel)",
+        )
 
     def Shutdown(self, request, context):  # noqa: N802 (gRPC method name)
         """[trainer] Stop taking work, answer, then stop the server."""

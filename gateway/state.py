@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import hmac
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -27,11 +28,14 @@ from gateway.errors import (
     invalid,
     shown,
 )
+from gateway.events import EventLog
 from gateway.negotiate import check_register, negotiate
 from gateway.validate import check_id, check_min_version, check_prompt, check_timeout
 from gateway.versions import Engine, VersionsMixin
 from gateway.work_queue import Lease, ReturnOutcome, WorkQueue
 from protos import gateway_pb2 as gpb
+
+log = logging.getLogger(__name__)
 
 _RATE_WINDOW_S = 60.0
 
@@ -39,9 +43,16 @@ _RATE_WINDOW_S = 60.0
 class GatewayState(VersionsMixin):
     """Thread-safe gateway logic; each public method is one RPC (see protos/gateway.proto)."""
 
-    def __init__(self, config: GatewayConfig, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        config: GatewayConfig,
+        clock: Callable[[], float] = time.monotonic,
+        events: EventLog | None = None,
+    ):
         self.config = config
         self._clock = clock
+        self.events = events or EventLog()
+        self._publish_seq = 0
         self._cv = threading.Condition()
         self._queue = WorkQueue(config.max_pending_prompts, config.rollout_capacity)
         self._engines: dict[str, Engine] = {}
@@ -144,11 +155,17 @@ class GatewayState(VersionsMixin):
         return changed
 
     def _drop_engine(self, engine: Engine, reason: str) -> int:
+        """Remove `engine` and send its leased prompts back to the front of the queue at
+        once; logs `dropped` then `leases_requeued`. Returns the prompts requeued."""
         n = 0
-        for lease in [x for x in self._queue.leases.values() if x.engine_id == engine.engine_id]:
+        leases = [x for x in self._queue.leases.values() if x.engine_id == engine.engine_id]
+        for lease in leases:
             n += self._queue.expire(lease, reason)
         del self._engines[engine.engine_id]
         self._lost.add(engine.engine_id)
+        log.warning("dropped %s: %s (%d prompts back to the queue)", engine.engine_id, reason, n)
+        self.events.emit("dropped", engine=engine.engine_id, reason=reason)
+        self.events.emit("leases_requeued", engine=engine.engine_id, leases=len(leases), prompts=n)
         return n
 
     def _open(self) -> None:
@@ -160,6 +177,24 @@ class GatewayState(VersionsMixin):
         """Count one refused request (shown in the status counters)."""
         with self._cv:
             self._queue.counters["requests_rejected"] += 1
+
+    def peer_lost(self, engine_id: str, key: str, reason: str) -> bool:
+        """Drop `engine_id` now because its connection broke (a long poll of it was cancelled
+        by the transport, not answered): its leases go back to the queue at once instead of
+        after `heartbeat_timeout_s`. A no-op (False) for an unknown engine, a call that did not
+        carry the engine's `key` (no caller can drop another's engine), or while shutting
+        down; True when the engine was dropped.
+        """
+        with self._cv:
+            engine = self._engines.get(engine_id)
+            if engine is None or self.shutting_down:
+                return False
+            if not hmac.compare_digest(key.encode(), engine.key.encode()):
+                return False
+            self._drop_engine(engine, reason)
+            self._queue.counters["engines_lost"] += 1
+            self._cv.notify_all()
+            return True
 
     def reap(self) -> bool:
         """Expire silent engines and overdue leases now; True if anything expired."""
@@ -210,7 +245,16 @@ class GatewayState(VersionsMixin):
             # a name's first 64 characters: the id stays within max_name_chars
             engine_id = f"{(req.name or req.backend)[:64]}-{self._next_engine}"
             engine = Engine(engine_id, req, req.weight_version, self._clock())
+            # An engine that joins behind the current version leases only once it loaded it.
+            engine.must_reach = self._version
+            engine.offered_seq = self._publish_seq
             self._engines[engine_id] = engine
+            self.events.emit(
+                "registered",
+                engine=engine_id,
+                weight_version=req.weight_version,
+                current=self._version,
+            )
             reply.accepted, reply.engine_id, reply.engine_key = True, engine_id, engine.key
             reply.settings.CopyFrom(decision.settings)
             reply.sync.CopyFrom(self._directive(engine))
@@ -225,15 +269,19 @@ class GatewayState(VersionsMixin):
             engine = self._engine(req.engine_id, req.engine_key)
             engine.active_prompts = max(0, req.active_prompts)
             engine.in_calls += 1
+
+            def news() -> bool:
+                d = self._directive(engine)
+                replanned = d.pending and engine.offered_seq < self._publish_seq
+                return d.target_version > req.known_target or replanned
+
             try:
-                self._wait(
-                    lambda: self._directive(engine).target_version > req.known_target,
-                    min(req.wait_s, self.config.heartbeat_every_s),
-                    heartbeat=True,
-                )
+                self._wait(news, min(req.wait_s, self.config.heartbeat_every_s), heartbeat=True)
             finally:
                 engine.in_calls -= 1
                 engine.last_seen = self._clock()
+            if self._directive(engine).pending:
+                engine.offered_seq = self._publish_seq
             return gpb.HeartbeatReply(
                 sync=self._directive(engine),
                 current_version=self._version,
@@ -244,7 +292,9 @@ class GatewayState(VersionsMixin):
         """Lease up to max_prompts prompts, waiting up to timeout_s for at least one.
 
         An engine whose last sync failed but that still serves its previous version leases
-        as usual, for that version (`Engine.serving`).
+        as usual, for that version (`Engine.serving`). An engine that registered behind the
+        gateway's version gets nothing (the call waits, then answers empty) until it loaded
+        the version that was current when it registered (`Engine.must_reach`).
 
         Raises:
             GatewayError: INVALID_ARGUMENT for max_prompts < 1 or a bad timeout; NOT_FOUND
@@ -273,7 +323,9 @@ class GatewayState(VersionsMixin):
             engine.in_calls += 1
             try:
                 self._wait(
-                    lambda: all(self._queue.could_lease(engine.weight_version)),
+                    lambda: (
+                        engine.caught_up and all(self._queue.could_lease(engine.weight_version))
+                    ),
                     req.timeout_s,
                     "LeasePrompts",
                 )
@@ -282,7 +334,8 @@ class GatewayState(VersionsMixin):
                 engine.last_seen = self._clock()
             reply = gpb.LeaseReply(sync=self._directive(engine), shutting_down=self.shutting_down)
             # Re-checked after the wait: a failed ack may have arrived while this call waited.
-            if engine.engine_id not in self._engines or self.shutting_down or not engine.serving:
+            gone = engine.engine_id not in self._engines or self.shutting_down
+            if gone or not engine.serving or not engine.caught_up:
                 return reply
             lease = self._queue.lease(
                 engine.engine_id,
@@ -298,6 +351,14 @@ class GatewayState(VersionsMixin):
                 return reply
             reply.lease_id = lease.lease_id
             reply.prompts.extend(self._queue.prompts_of(lease))
+            self.events.emit(
+                "leased",
+                engine=engine.engine_id,
+                lease=lease.lease_id,
+                prompts=len(lease.outstanding),
+                weight_version=engine.weight_version,
+                current=self._version,
+            )
             reply.expires_in_s = lease.deadline - self._clock()
             return reply
 

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable
 
 from gateway.errors import invalid
+from gateway.events import EventLog
 from gateway.validate import check_timeout
 from protos import gateway_pb2 as gpb
 
@@ -23,6 +24,11 @@ class Engine:
     WaitSync ends with that failure) and whether the engine may lease (`serving`: false
     only while it holds no whole weight version). An engine whose load failed before it
     touched its weights keeps serving `weight_version`, its last loaded one.
+
+    `must_reach` is the gateway's version when the engine registered: it leases only once its
+    `weight_version` reached it (a restarted or new engine first receives the current version,
+    then leases). `offered_seq` is the publication (a counter bumped by every publish, re-plans
+    included) whose directive the engine's heartbeat last carried.
     """
 
     engine_id: str
@@ -41,6 +47,13 @@ class Engine:
     tokens: int = 0
     # The secret RegisterReply.engine_key: calls about this engine must carry it.
     key: str = dataclasses.field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
+    must_reach: int = 0
+    offered_seq: int = 0
+
+    @property
+    def caught_up(self) -> bool:
+        """The engine loaded the version that was current when it registered."""
+        return self.weight_version >= self.must_reach
 
     @property
     def failed(self) -> bool:
@@ -54,6 +67,8 @@ class VersionsMixin:
     _cv: threading.Condition
     _engines: dict[str, Engine]
     _version: int
+    _publish_seq: int
+    events: EventLog
     _sync_params: dict[str, str]
     _engine: Callable[[str, str], Engine]
     _reap_locked: Callable[[], bool]
@@ -68,17 +83,41 @@ class VersionsMixin:
         )
 
     def publish(self, req: gpb.PublishRequest) -> gpb.PublishReply:
-        """Make `version` current; every live engine gets a sync directive for it."""
+        """Make `version` current; every live engine gets a sync directive for it.
+
+        Publishing the current version again with other params is a re-plan: the trainer
+        re-sends that version on a new data-plane group (after a member died mid-push, or to
+        an engine that registered behind it). Every engine that has not loaded it forgets its
+        earlier acknowledgements of it (so a failure of the broken attempt does not count
+        against the new one) and its heartbeat long poll answers at once with the new plan.
+
+        Raises:
+            GatewayError: INVALID_ARGUMENT for a version below the current one, or the
+                current one with the same params (versions only increase).
+        """
         with self._cv:
             self._open()
             self._reap_locked()
-            if req.version <= self._version:
+            params = dict(req.params)
+            replan = req.version == self._version
+            if req.version < self._version or (
+                replan and (req.version == 0 or params == self._sync_params)
+            ):
                 raise invalid(
                     f"version: expected > {self._version} (versions only increase), "
                     f"got {req.version}"
                 )
             self._version = req.version
-            self._sync_params = dict(req.params)
+            self._sync_params = params
+            self._publish_seq += 1
+            if replan:
+                for e in self._engines.values():
+                    if e.weight_version < req.version and e.sync_version >= req.version:
+                        e.sync_version, e.sync_error = e.weight_version, ""
+                        e.sync_phase = gpb.SYNC_PHASE_LOADED
+            self.events.emit(
+                "published", version=req.version, replan=replan, engines=sorted(self._engines)
+            )
             self._cv.notify_all()
             return gpb.PublishReply(engine_ids=sorted(self._engines))
 
@@ -125,6 +164,18 @@ class VersionsMixin:
                 engine.serving = req.serving
             engine.sync_version, engine.sync_phase = req.version, req.phase
             engine.sync_error = req.error if req.phase == gpb.SYNC_PHASE_FAILED else ""
+            if req.phase == gpb.SYNC_PHASE_LOADED:
+                self.events.emit(
+                    "loaded", engine=engine.engine_id, version=req.version, current=self._version
+                )
+            elif req.phase == gpb.SYNC_PHASE_FAILED:
+                self.events.emit(
+                    "sync_failed",
+                    engine=engine.engine_id,
+                    version=req.version,
+                    serving=req.serving,
+                    error=req.error,
+                )
             self._cv.notify_all()
             return gpb.AckReply(sync=self._directive(engine))
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
@@ -129,9 +130,33 @@ def device_counts(cfg: EngineProcessConfig) -> tuple[int, int]:
     return cfg.jax.replicas * cfg.jax.devices_per_replica, 1
 
 
-async def serve(cfg: EngineProcessConfig) -> str:
+async def run_worker(client, backend, spec, cfg: WorkerConfig, max_rejoins: int = 10) -> str:
+    """Run `EngineWorker`s over one started backend until one stops for a reason other than
+    "dropped" (the gateway dropped the engine: it registers again, with the version the
+    backend holds, at most `max_rejoins` times); SIGTERM/SIGINT stop the current one.
+    Returns the last worker's stop reason."""
+    from rollout_engine.worker import DROPPED, EngineWorker
+
+    loop = asyncio.get_running_loop()
+    reason = ""
+    for _ in range(max_rejoins + 1):
+        worker = EngineWorker(client, backend, spec, cfg)
+        with contextlib.suppress(RuntimeError, NotImplementedError):  # not the main thread
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, worker.request_stop)
+        reason = await worker.run()
+        if reason != DROPPED:
+            return reason
+        log.warning("the gateway dropped engine %s; registering again", worker.engine_id)
+    return reason
+
+
+async def serve(cfg: EngineProcessConfig, max_rejoins: int = 10) -> str:
     """Check the gateway (`precheck`), start the backend, run the worker until it stops, shut
-    the backend down; returns the worker's stop reason.
+    the backend down; returns the worker's stop reason. An engine the gateway dropped (it
+    missed heartbeats, or its connection broke) registers again with the version it holds,
+    up to `max_rejoins` times, without restarting the backend (the gateway then hands it the
+    current version before any lease).
 
     Raises:
         GatewayError: the precheck or the registration failed (a dead gateway, a refused
@@ -141,7 +166,6 @@ async def serve(cfg: EngineProcessConfig) -> str:
     from gateway import messages as m
     from gateway.client import GatewayClient
     from rollout_engine.precheck import precheck
-    from rollout_engine.worker import EngineWorker
 
     devices, tp = device_counts(cfg)
     spec = m.EngineSpec(
@@ -167,11 +191,7 @@ async def serve(cfg: EngineProcessConfig) -> str:
     backend = make_backend(cfg)
     try:
         await backend.start()
-        worker = EngineWorker(client, backend, spec, cfg.worker)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, worker.request_stop)
-        return await worker.run()
+        return await run_worker(client, backend, spec, cfg.worker, max_rejoins)
     finally:
         await backend.shutdown()
         client.close()

@@ -12,7 +12,9 @@ directive arrives at once), and runs four asyncio tasks until a stop:
   up on, batching whatever finished together into one call per lease.
 - **sync loop**: on a directive for a version above the one held: stop leasing, ack "ready",
   join the data plane if the directive names a new group, `backend.update_weights(manifest)`,
-  ack "loaded", resume. On failure it acks "failed" with the error (see below).
+  ack "loaded", resume. On failure it acks "failed" with the error (see below). A directive
+  for the version just attempted but on a new group (the trainer re-planned the push after a
+  member of the old group died) is attempted again.
 - **watchdog**: ends the run when the gateway shuts down, drops the engine, or stays
   unreachable past `gateway_retry_s`.
 
@@ -110,7 +112,7 @@ class EngineWorker:
         self._reason = ""
         self._directive: m.SyncDirective | None = None
         self._directive_event = asyncio.Event()
-        self._attempted = 0  # highest version a sync was attempted for
+        self._attempted = (0, "")  # (version, plan group) of the last sync attempted
         self._syncing = False
         self._failed = False
         self._group: tuple | None = None  # (generation, transport) of the group joined
@@ -185,11 +187,21 @@ class EngineWorker:
         except RuntimeError:
             pass
 
-    def _offer(self, d: m.SyncDirective) -> None:
+    def _fresh(self, d: m.SyncDirective) -> bool:
+        """A directive worth a sync: a version above the one attempted last, or the same
+        version on a new data-plane group (the trainer re-planned it after a member died),
+        and not a version the backend already holds."""
         held = self.backend.weight_version
-        if d.target_version <= self._attempted or (held is not None and d.target_version <= held):
+        if held is not None and d.target_version <= held:
+            return False
+        key = (d.target_version, d.params.get("group", ""))
+        version, group = self._attempted
+        return key[0] > version or (key[0] == version and key[1] != group)
+
+    def _offer(self, d: m.SyncDirective) -> None:
+        if not self._fresh(d):
             return
-        if self._directive is None or d.target_version > self._directive.target_version:
+        if self._directive is None or d.target_version >= self._directive.target_version:
             self._directive = d
             self._directive_event.set()
 
@@ -295,9 +307,9 @@ class EngineWorker:
             await self._directive_event.wait()
             self._directive_event.clear()
             d, self._directive = self._directive, None
-            if d is None or d.target_version <= self._attempted:
+            if d is None or not self._fresh(d):
                 continue
-            self._attempted = d.target_version
+            self._attempted = (d.target_version, d.params.get("group", ""))
             self._syncing = True
             self._changed.set()
             try:
@@ -365,6 +377,12 @@ class EngineWorker:
         if not serving:
             for task in list(self._inflight):
                 task.cancel()
+        d = self._directive
+        if d is not None and d.target_version == v and self._fresh(d):
+            # the trainer already re-planned this version on a new group (a member of the old
+            # one died): this failure is the broken attempt's, not one of the new plan
+            log.warning("version %d: not acking the broken attempt; the new plan follows", v)
+            return
         await self._call(
             self.client.ack_version, self.engine_id, v, "failed", error, serving=serving
         )

@@ -10,6 +10,12 @@ length `int64 [1]` and its JSON bytes `uint8 [L]`; all-reduce (MIN) an accept fl
 then all-reduce (MIN) a loaded flag `int32 [1]`: the commit. A receiver whose callback fails keeps
 draining the remaining buckets so the group stays in step, then votes 0 at the commit.
 A timeout or a broken connection leaves the group out of step: close both ends and reconnect.
+Either end releases its process group the moment a collective fails (`_release`): gloo closes
+a group's connections only when the group is destroyed (`abort` and `shutdown` leave them
+open), and a rank that failed but kept its group would hold every other rank in its
+collective until the timeout (the sender blocked writing to it, the receivers waiting on the
+sender). The `TransferError` raised then carries the failure as text only (no chained
+exception or traceback frame keeps the group alive).
 """
 
 from __future__ import annotations
@@ -35,6 +41,15 @@ from gateway.transport.sharded import iter_packed_sharded, rank_layout, split_bu
 
 if TYPE_CHECKING:
     import torch
+
+
+def _release(owner: Any) -> None:
+    """Destroy `owner._group`'s process group now, closing its connections (see the module
+    docstring): drop the reference and collect the cycles a failure's traceback left."""
+    import gc
+
+    owner._group = None
+    gc.collect()
 
 
 def bind_listener(host: str, port: int, port_count: int = 1) -> socket.socket:
@@ -216,11 +231,15 @@ class CollectiveSender(WeightSender):
                     n += 1
             if g.all_min(1) != 1:
                 raise TransferError(f"a receiver failed to load version {manifest.version}")
+        except TransferError:
+            raise
         except RuntimeError as e:
-            if isinstance(e, TransferError):
-                raise
-            raise TransferError(f"sending version {manifest.version} failed: {e}") from e
-        return SendStats(manifest.version, manifest.total_bytes, n, time.perf_counter() - t0)
+            failure = f"sending version {manifest.version} failed: {e}"
+        else:
+            return SendStats(manifest.version, manifest.total_bytes, n, time.perf_counter() - t0)
+        g = None  # noqa: F841 - this frame's reference goes with the group's
+        _release(self)
+        raise TransferError(failure)
 
     def _send_sharded(self, manifest: Manifest, tensors: Iterable[tuple[str, Any]]) -> int:
         """Per bucket: broadcast the replicated part, send each rank its own regions."""
@@ -278,8 +297,11 @@ class CollectiveReceiver(WeightReceiver):
             assert self._group is not None
             self._group.all_min(0)
         except RuntimeError as e:
-            raise TransferError(f"refusing failed: {e}; refusal reason: {reason}") from e
-        raise TransferError(f"refused: {reason}")
+            failure = f"refusing failed: {e}; refusal reason: {reason}"
+        else:
+            raise TransferError(f"refused: {reason}")
+        _release(self)
+        raise TransferError(failure)
 
     def receive(self, manifest: Manifest, on_bucket: OnBucket) -> None:
         """See `WeightReceiver.receive`."""
@@ -309,10 +331,16 @@ class CollectiveReceiver(WeightReceiver):
                     except Exception as e:  # keep draining so the group stays in step
                         failure = e
             ok = g.all_min(0 if failure is not None else 1)
+        except TransferError:
+            raise
         except RuntimeError as e:
-            if isinstance(e, TransferError):
-                raise
-            raise TransferError(f"receiving version {manifest.version} failed: {e}") from e
+            broken = f"receiving version {manifest.version} failed: {e}"
+        else:
+            broken = ""
+        if broken:
+            g = None  # noqa: F841 - this frame's reference goes with the group's
+            _release(self)
+            raise TransferError(broken)
         if failure is not None:
             raise TransferError(
                 f"loading version {manifest.version} failed: {failure!r}"

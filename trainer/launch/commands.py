@@ -123,7 +123,7 @@ def engine_env(job: JobConfig, index: int, base: Mapping[str, str]) -> dict[str,
     else:
         env["JAX_PLATFORMS"] = "cpu"
         env["XLA_FLAGS"] = _xla_flags(base.get("XLA_FLAGS"), k)
-        if job.run.rollout.backend == "vllm":
+        if job.backend_of(index) == "vllm":
             env["VLLM_CPU_KVCACHE_SPACE"] = str(launch.vllm_kv_cache_gib)
             env["VLLM_CPU_OMP_THREADS_BIND"] = tp_bind(
                 cpu_bind(index, launch.num_engines, os.cpu_count() or 1), k
@@ -143,7 +143,8 @@ def gateway_argv(job: JobConfig, run_dir: Path, family: str) -> list[str]:
         "--port-file", str(run_dir / "gateway.port"),
         "--family", family, "--dtype", job.engine_dtype,
         "--transport", resolve_data_plane(job),
-        "--backends", job.run.rollout.backend,
+        "--backends", ",".join(job.backends),
+        "--events-file", str(run_dir / "logs" / "gateway_events.jsonl"),
         "--max-workers", str(max(64, 8 * launch.num_engines + 16)),
         "--log-level", "WARNING",
     ]  # fmt: skip
@@ -155,15 +156,16 @@ def engine_argv(
     """``python -m rollout_engine ...`` of engine `index` (`max_model_len`: prompt + new tokens
     positions the engine must hold)."""
     launch, rollout = job.launch, job.run.rollout
+    backend = job.backend_of(index)
     argv = [
-        sys.executable, "-m", "rollout_engine", "--backend", rollout.backend,
+        sys.executable, "-m", "rollout_engine", "--backend", backend,
         "--gateway", address, "--token-file", str(token_file), "--model", str(model),
         "--dtype", job.engine_dtype, "--transports", resolve_data_plane(job),
         "--name", f"engine{index}",
         "--log-level", "WARNING",
         "--max-concurrent-prompts", str(launch.max_concurrent_prompts),
     ]  # fmt: skip
-    if rollout.backend == "vllm":
+    if backend == "vllm":
         argv += [
             "--vllm-tensor-parallel-size", str(launch.devices_per_engine),
             "--vllm-max-model-len", str(max_model_len),

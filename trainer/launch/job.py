@@ -123,7 +123,7 @@ def _run_job(job: JobConfig) -> dict[str, Any]:
             client.wait_ready(30.0)
             settings = m.RunSettings(
                 model_family=family, dtype=job.engine_dtype, transport="gloo",
-                backends=(job.run.rollout.backend,),
+                backends=job.backends,
             )  # fmt: skip
             client.configure(settings)
             if not launch.gateway:

@@ -83,6 +83,20 @@ class LaunchSection(_Section):
 
     num_engines: int = Field(default=1, ge=1)
     """Engine processes."""
+    min_engines: int = Field(default=1, ge=1)
+    """Fewest engines the run goes on with: a push commits on the engines that survive it
+    while at least this many serve; below that the run fails naming them."""
+    restart_engines: bool = True
+    """Restart an engine process the launcher started when it dies (bounded, see below)."""
+    max_restarts: int = Field(default=5, ge=0)
+    """Most restarts of one engine over the run; past them a dead engine stays dead."""
+    restart_backoff_s: float = Field(default=1.0, gt=0)
+    """Seconds before an engine's first restart; doubled for each further one of it."""
+    restart_backoff_max_s: float = Field(default=60.0, gt=0)
+    """Cap of that wait (seconds)."""
+    engine_backends: tuple[Literal["vllm", "jax"], ...] = ()
+    """Backend of each engine (index i: engine i), for a run that mixes them; empty: every
+    engine runs rollout.backend. Its length must equal num_engines."""
     devices_per_engine: int = Field(default=1, ge=1)
     """Devices each engine gets (CPU: XLA host devices; GPU: CUDA_VISIBLE_DEVICES ids)."""
     trainer_devices: int = Field(default=1, ge=1)
@@ -146,6 +160,33 @@ class JobConfig(_Section):
     data: DataSection = Field(default_factory=DataSection)
     eval: EvalSection = Field(default_factory=EvalSection)
     launch: LaunchSection = Field(default_factory=LaunchSection)
+
+    @model_validator(mode="after")
+    def _engines(self) -> JobConfig:
+        launch = self.launch
+        if launch.engine_backends and len(launch.engine_backends) != launch.num_engines:
+            raise ValueError(
+                f"launch.engine_backends: expected {launch.num_engines} entries (num_engines), "
+                f"got {len(launch.engine_backends)}"
+            )
+        if launch.min_engines > launch.num_engines:
+            raise ValueError(
+                f"launch.min_engines: expected <= num_engines={launch.num_engines}, "
+                f"got {launch.min_engines}"
+            )
+        return self
+
+    def backend_of(self, index: int) -> str:
+        """The backend of engine `index` (launch.engine_backends, else rollout.backend)."""
+        backends = self.launch.engine_backends
+        return backends[index] if backends else self.run.rollout.backend
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """Every backend the run's engines use (rollout.backend first)."""
+        out = [self.run.rollout.backend]
+        out += [b for b in self.launch.engine_backends if b not in out]
+        return tuple(out)
 
     @model_validator(mode="after")
     def _eval_sampling(self) -> JobConfig:

@@ -5,7 +5,9 @@ stderr appended to a log file. `ProcessSet.stop_all` sends SIGTERM to every grou
 `timeout_s`, then SIGKILLs the groups still alive, so a child's own children (vLLM's engine core
 and workers) go too. It is idempotent and runs from `__exit__`, so an exception or Ctrl-C in
 the launcher stops every child. `live_sets` lists the sets of this process (for
-`trainer.launch.interrupt`).
+`trainer.launch.interrupt`). `ProcessSet.restart` starts a dead child again with the same
+command and environment (the supervisor of `trainer.launch.supervisor` does it for engines).
+Thread-safe: a supervisor thread may restart a child while the main thread stops them all.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import logging
 import os
 import signal
 import subprocess
+import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
@@ -27,12 +30,16 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class Child:
-    """One started process: its name, `Popen`, and log file."""
+    """One started process: its name, `Popen`, log file, command and environment, and how
+    many times it was restarted."""
 
     name: str
     proc: subprocess.Popen
     log_path: Path
     _log_file: IO[bytes]
+    argv: tuple[str, ...] = ()
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    restarts: int = 0
 
     def alive(self) -> bool:
         """True while the process has not exited."""
@@ -63,6 +70,7 @@ class ProcessSet:
         self.timeout_s = timeout_s
         self.children: list[Child] = []
         self.stopping = False
+        self._lock = threading.RLock()
         _LIVE.add(self)
 
     def start(self, name: str, argv: Sequence[str], env: Mapping[str, str]) -> Child:
@@ -71,22 +79,58 @@ class ProcessSet:
         Raises:
           ValueError: a name already used; OSError: the program cannot be started.
         """
-        if any(c.name == name for c in self.children):
-            raise ValueError(f"a child named {name!r} already exists")
+        with self._lock:
+            if any(c.name == name for c in self.children):
+                raise ValueError(f"a child named {name!r} already exists")
+            child = self._spawn(name, tuple(argv), dict(env))
+            self.children.append(child)
+            return child
+
+    def _spawn(self, name: str, argv: tuple[str, ...], env: dict[str, str]) -> Child:
         path = self.log_dir / f"{name}.log"
         log_file = path.open("ab")
         proc = subprocess.Popen(
             list(argv),
-            env=dict(env),
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        child = Child(name, proc, path, log_file)
-        self.children.append(child)
         log.info("started %s (pid %d), log %s", name, proc.pid, path)
-        return child
+        return Child(name, proc, path, log_file, argv, env)
+
+    def child(self, name: str) -> Child:
+        """The child named `name`.
+
+        Raises:
+          KeyError: no such child.
+        """
+        with self._lock:
+            for c in self.children:
+                if c.name == name:
+                    return c
+        raise KeyError(f"no child named {name!r}; known: {[c.name for c in self.children]}")
+
+    def restart(self, name: str) -> Child | None:
+        """Start the exited child `name` again (same command, environment and log file,
+        appended); returns the new child, or None once `stop_all` began.
+
+        Raises:
+          KeyError: no such child; RuntimeError: it is still running; OSError: cannot start.
+        """
+        with self._lock:
+            if self.stopping:
+                return None
+            old = self.child(name)
+            if old.alive():
+                raise RuntimeError(f"{name} (pid {old.proc.pid}) is still running")
+            _signal_group(old.proc.pid, signal.SIGKILL)  # what is left of its group
+            old._log_file.close()
+            new = self._spawn(name, old.argv, old.env)
+            new.restarts = old.restarts + 1
+            self.children[self.children.index(old)] = new
+            return new
 
     def check_alive(self) -> None:
         """Raise if a child exited.
@@ -113,6 +157,10 @@ class ProcessSet:
     def stop_all(self) -> dict[str, int]:
         """SIGTERM every child's group, SIGKILL those alive after `timeout_s`; returns each
         child's exit status (negative: the signal that ended it)."""
+        with self._lock:
+            return self._stop_all()
+
+    def _stop_all(self) -> dict[str, int]:
         self.stopping = True
         for child in self.children:
             if child.alive():
@@ -127,7 +175,8 @@ class ProcessSet:
             # the group may outlive its leader (vLLM's engine core): kill what is left of it
             _signal_group(child.proc.pid, signal.SIGKILL)
             child.proc.wait()
-            child._log_file.close()
+            if not child._log_file.closed:
+                child._log_file.close()
         return {c.name: int(c.proc.returncode) for c in self.children}
 
     def __enter__(self) -> ProcessSet:

@@ -34,6 +34,7 @@ from trainer.launch.job_config import JobConfig
 from trainer.launch.processes import ProcessSet
 from trainer.launch.report import Reporter, plot_metrics, read_metrics
 from trainer.launch.stack import wait_for_engines
+from trainer.launch.supervisor import EngineSupervisor, deregister_dead
 from trainer.loop import AsyncTrainer
 from trainer.positions import ConsumedPositions, PositionLedger
 from trainer.publish import WeightPublisher
@@ -90,7 +91,24 @@ def train_and_evaluate(
         client, launch.num_engines, launch.start_timeout_s, None if launch.gateway else procs
     )
     transport = data_plane_config(job)
-    publisher = WeightPublisher(client, transport, model_cfg.family, model_cfg, job.engine_dtype)
+    publisher = WeightPublisher(
+        client, transport, model_cfg.family, model_cfg, job.engine_dtype,
+        min_engines=launch.min_engines,
+    )  # fmt: skip
+    if launch.restart_engines:  # a restarted engine gets the current version between pushes
+        publisher.start_catch_up()
+    supervisor, engine_client = None, None
+    if not launch.gateway:  # the engines are ours: restart the ones that die
+        engine_client = GatewayClient.from_token_file(
+            client.address, run_dir / "tokens.txt", "engine"
+        )
+        supervisor = EngineSupervisor(
+            procs, [f"engine{i}" for i in range(launch.num_engines)],
+            restart=launch.restart_engines, max_restarts=launch.max_restarts,
+            backoff_s=launch.restart_backoff_s, backoff_max_s=launch.restart_backoff_max_s,
+            min_engines=launch.min_engines,
+            on_death=deregister_dead(client, engine_client),
+        ).start()  # fmt: skip
     reporter = Reporter(run_dir, cfg.trainer.steps, int(state.step), show_bar=launch.progress)
     r = cfg.rollout
     eval_sampling = _sampling(
@@ -125,7 +143,8 @@ def train_and_evaluate(
             trainer = AsyncTrainer(
                 cfg, step, state, source, publisher, run_dir, version=version, rng=rng,
                 checkpointer=checkpointer, client=client, pad_id=pad_id,
-                on_metrics=reporter.on_metrics, before_update=procs.check_alive,
+                on_metrics=reporter.on_metrics,
+                before_update=supervisor.check if supervisor else None,
                 stop_requested=interrupt.requested,
             )  # fmt: skip
             if version:
@@ -148,6 +167,10 @@ def train_and_evaluate(
                 drained = drain_training_groups(client, expected, job.eval.timeout_s)
             engines = {e.engine_id: int(e.weight_version) for e in client.status().engines}
     finally:
+        if supervisor is not None:
+            supervisor.stop()
+        if engine_client is not None:
+            engine_client.close()
         reporter.close()
         publisher.close()
         checkpointer.close()
@@ -163,6 +186,7 @@ def train_and_evaluate(
         "in_flight_waiting_in_trainer": waiting_here,
         "in_flight_drained_after_stop": drained,
         "engine_versions": engines,
+        "engine_restarts": dict(supervisor.restarts) if supervisor else {},
         "eval_before": dataclasses.asdict(before) if before else None,
         "eval_after": dataclasses.asdict(after) if after else None,
         "reward_first5": float(np.mean(rewards[:5])) if rewards else None,

@@ -156,8 +156,15 @@ def test_bad_input(model, gateway):
     trainer, _ = gateway
     with pytest.raises(ValueError, match="dtype: expected one of"):
         _publisher(trainer, cfg, "int8")
-    publisher = _publisher(trainer, cfg, "bfloat16")
-    with pytest.raises(PushError, match="no engine is registered"):
+    with pytest.raises(ValueError, match="min_engines, max_attempts: expected >= 1"):
+        WeightPublisher(trainer, GlooTransportConfig(), "llama", cfg, min_engines=0)
+    transport = GlooTransportConfig(port=0, timeout_s=20, bucket_bytes=BUCKET)
+    publisher = WeightPublisher(trainer, transport, "llama", cfg, ready_timeout_s=0.3)
+    with pytest.raises(
+        PushError,
+        match=r"push of version 1: expected at least launch.min_engines=1 engines serving, "
+        r"got 0 within 0.3 s",
+    ):
         publisher.push(decoder, version=1)
 
 
