@@ -12,13 +12,21 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from gateway.errors import DEADLINE_EXCEEDED, NOT_FOUND, UNAVAILABLE, GatewayError
+from gateway.errors import (
+    DEADLINE_EXCEEDED,
+    NOT_FOUND,
+    RESOURCE_EXHAUSTED,
+    UNAVAILABLE,
+    GatewayError,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# Codes that say "the gateway did not answer" (worth retrying), not "the gateway said no".
-RETRYABLE = (UNAVAILABLE, DEADLINE_EXCEEDED)
+# Codes that say "the gateway did not answer" or "not now" (worth retrying), not "the gateway
+# said no": RESOURCE_EXHAUSTED is the gateway's cap on concurrent calls and long polls
+# (`gateway.admission`), a busy gateway rather than a refusal.
+RETRYABLE = (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED)
 
 
 class GatewayLost(RuntimeError):
@@ -30,7 +38,7 @@ class EngineDropped(RuntimeError):
 
 
 class GatewayCaller:
-    """Runs gateway calls on `threads` threads, retrying UNAVAILABLE/DEADLINE_EXCEEDED.
+    """Runs gateway calls on `threads` threads, retrying the `RETRYABLE` codes.
 
     Args:
         retry_s: seconds of failed attempts after which a call raises `GatewayLost` (> 0).
