@@ -146,7 +146,8 @@ def test_ctrl_c_stops_every_process(tmp_path):
 @pytest.mark.slow
 def test_trainer_joins_a_gateway_started_elsewhere(tmp_path):
     """The README's separate-hosts recipe on one machine: gateway and engine started by hand,
-    the trainer joins with launch.gateway and starts no process of its own."""
+    the trainer joins with launch.gateway and starts no process of its own; with
+    launch.stop_joined=true it shuts the gateway (and so its engine) down at the end."""
     from trainer.checkpoints.tiny import make_tiny_checkpoint
     from trainer.launch.processes import ProcessSet
 
@@ -173,7 +174,7 @@ def test_trainer_joins_a_gateway_started_elsewhere(tmp_path):
         run_dir = tmp_path / "run"
         done = subprocess.run(
             _command(run_dir, f"launch.gateway={gw}", f"launch.token_file={tokens}",
-                     "trainer.steps=2", "eval.size=0"),
+                     "trainer.steps=2", "eval.size=0", "launch.stop_joined=true"),
             cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
@@ -184,7 +185,9 @@ def test_trainer_joins_a_gateway_started_elsewhere(tmp_path):
         back = summary["in_flight_waiting_in_trainer"] + summary["in_flight_drained_after_stop"]
         assert back == loop["in_flight"]
         assert summary["eval_before"] is None and summary["eval_after"] is None
-        assert procs.wait_all(30)  # the trainer's shutdown ended the gateway's engine
+        # asked to (launch.stop_joined), the trainer's shutdown ended the gateway and its engine;
+        # by default a joined gateway keeps running (tests/integration/test_job_stops.py)
+        assert procs.wait_all(30)
 
 
 @pytest.mark.slow
