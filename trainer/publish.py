@@ -25,10 +25,12 @@ that dies during it is dropped from it and the version commits on the rest:
 - file transport: the dead engine is removed from the waits; nothing else changes.
 - collective (gloo/NCCL: one process group with every engine TP rank as a rank): a dead rank
   breaks the group. Before the send, the group cannot form (the wait for "ready" sees the
-  member gone); during it, the broadcast or the commit all-reduce fails at once on every
-  rank (gloo: "Connection closed by peer"), and the gateway has dropped the engine because
-  its heartbeat stream broke, which names it (`peer_grace_s`). Either way the publisher closes
-  the group (survivors' pending collectives fail, they ack "failed" and keep serving their
+  member gone), or the members already in the receive on an unchanged group fail it first
+  (gloo's broadcast tree runs through the dead rank) and their failure is pinned on the
+  member the gateway drops within `peer_grace_s`; during it, the broadcast or the commit
+  all-reduce fails at once on every rank (gloo: "Connection closed by peer"), and the
+  gateway has dropped the engine because its heartbeat stream broke, which names it
+  (`peer_grace_s`). Either way the publisher closes the group (survivors' pending collectives fail, they ack "failed" and keep serving their
   old version), waits for them to settle (`settle_s`), forms a new group of the survivors
   (a new generation and rendezvous port) and publishes the same version again with the new
   plan: the gateway treats that as a re-plan (it forgets the survivors' failed acks of the
@@ -322,6 +324,9 @@ class WeightPublisher:
             send = sender.send(plan.manifest, iter(tensors.items()))
             t2 = time.perf_counter()
             ids = self._wait(version, "loaded", ids, self.loaded_timeout_s)
+        except _MembersLost as e:
+            self._drop_group()
+            raise PushError(version, str(e)) from e  # the next tick catches up the rest
         except BaseException:
             self._drop_group()
             raise
@@ -472,17 +477,30 @@ class WeightPublisher:
         try:
             return sender.send(manifest, tensors(params))
         except TransferError as e:
-            deadline = time.monotonic() + self.peer_grace_s
-            while True:
-                states = self.client.wait_sync(manifest.version, 0.0, "loaded").engines
-                gone = [x for x in ids if x not in {s.engine_id for s in states}]
-                if gone:
-                    raise _MembersLost(gone, f"during the send ({e})") from e
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.1)
+            states = self._pin_on_lost(manifest.version, ids, f"during the send ({e})", e)
             errors = {s.engine_id: s.error for s in states if s.phase == "failed"}
             raise PushError(manifest.version, f"{e}; engine errors: {errors}", states) from e
+
+    def _pin_on_lost(
+        self, version: int, ids: tuple[str, ...], when: str, cause: BaseException | None = None
+    ) -> tuple[m.EngineSyncState, ...]:
+        """A collective failed (the send, or a member's receive): wait up to `peer_grace_s`
+        for the gateway to drop members of `ids` (a dead rank breaks the group for all, and
+        its broken connection names it a moment later). Returns the engines' sync states
+        when none left.
+
+        Raises:
+            _MembersLost: members of `ids` left (the push re-plans on the rest).
+        """
+        deadline = time.monotonic() + self.peer_grace_s
+        while True:
+            states = self.client.wait_sync(version, 0.0, "loaded").engines
+            gone = [x for x in ids if x not in {s.engine_id for s in states}]
+            if gone:
+                raise _MembersLost(gone, when) from cause
+            if time.monotonic() > deadline:
+                return states
+            time.sleep(0.1)
 
     def _engine_tensors(self, params: Mapping) -> Iterator[tuple[str, Any]]:
         """(HF name, numpy array in the HF layout, possibly strided) one at a time.
@@ -538,6 +556,8 @@ class WeightPublisher:
         join at the next one, so their failure does not end the wait.
 
         Raises:
+            _MembersLost: (collective) a member failed and members left within
+                `peer_grace_s`: a dead rank broke the group (`_pin_on_lost`).
             PushError: a member failed the version, or one was late past `timeout_s`.
         """
         key = "ready_timeout_s" if phase == "ready" else "loaded_timeout_s"
@@ -554,6 +574,8 @@ class WeightPublisher:
                 if self._collective and phase == "ready":
                     return ids  # the group cannot form: push() re-plans
             failed = {e: states[e].error for e in ids if _failed(states[e], version)}
+            if failed and self._collective:  # a member's death fails the others' receive
+                self._pin_on_lost(version, ids, f"while waiting for {phase} ({failed})")
             if failed:
                 raise PushError(version, f"engines failed: {failed}", r.engines)
             now_reached = {e for e in ids if _reached(states[e], version, phase)}
