@@ -30,12 +30,13 @@ that dies during it is dropped from it and the version commits on the rest:
   member the gateway drops within `peer_grace_s`; during it, the broadcast or the commit
   all-reduce fails at once on every rank (gloo: "Connection closed by peer"), and the
   gateway has dropped the engine because its heartbeat stream broke, which names it
-  (`peer_grace_s`). Either way the publisher closes the group (survivors' pending collectives fail, they ack "failed" and keep serving their
-  old version), waits for them to settle (`settle_s`), forms a new group of the survivors
-  (a new generation and rendezvous port) and publishes the same version again with the new
-  plan: the gateway treats that as a re-plan (it forgets the survivors' failed acks of the
-  broken attempt and wakes their heartbeat long polls), the engines see the same version on a
-  new group and load it. After `max_attempts` groups, or with fewer than `min_engines`
+  (`peer_grace_s`). Either way the publisher closes the group (survivors' pending
+  collectives fail, they ack "failed" and keep serving their old version), waits for them
+  to settle (`settle_s`), forms a new group of the survivors (a new generation and
+  rendezvous port) and publishes the same version again with the new plan: the gateway
+  treats that as a re-plan (it forgets the survivors' failed acks of the broken attempt and
+  wakes their heartbeat long polls), the engines see the same version on a new group and
+  load it. After `max_attempts` groups, or with fewer than `min_engines`
   survivors, the push fails with `PushError`.
 Engines that register during a push are left out of it; they lease nothing until they loaded
 the version current when they registered (the gateway holds them back), which they receive
