@@ -93,11 +93,18 @@ def _overrides(items: list[str]) -> dict[str, object]:
     return out
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from gateway.auth import load_tokens
-    from gateway.server import GatewayServer
+def serve_config(argv: list[str]) -> GatewayConfig:
+    """The `GatewayConfig` a `serve ...` command line (as `gateway_argv` of the launcher
+    writes it, without `python -m gateway`) runs with.
 
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
+    Raises:
+        SystemExit: a bad flag (argparse); ValueError: a value the config refuses.
+    """
+    return _config(_parser().parse_args(argv))
+
+
+def _config(args: argparse.Namespace) -> GatewayConfig:
+    """The `GatewayConfig` of parsed `serve` flags (`--set key=value` overrides last)."""
     flags = dict(
         max_concurrent_rpcs=args.max_workers,
         lease_seconds=args.lease_seconds,
@@ -114,7 +121,15 @@ def _serve(args: argparse.Namespace) -> int:
         rendezvous_address=args.rendezvous,
         backends=tuple(b for b in args.backends.split(",") if b),
     )
-    config = GatewayConfig(**{**flags, **_overrides(args.set)})  # type: ignore[arg-type]
+    return GatewayConfig(**{**flags, **_overrides(args.set)})  # type: ignore[arg-type]
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gateway.auth import load_tokens
+    from gateway.server import GatewayServer
+
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
+    config = _config(args)
     server = GatewayServer(
         config,
         load_tokens(args.token_file),

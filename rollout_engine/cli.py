@@ -18,10 +18,14 @@ import logging
 import signal
 import socket
 import sys
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from rollout_engine.config import EngineProcessConfig, JaxOptions, VllmOptions, WorkerConfig
+
+if TYPE_CHECKING:
+    from gateway.messages import EngineSpec
 
 log = logging.getLogger("rollout_engine")
 
@@ -130,6 +134,24 @@ def device_counts(cfg: EngineProcessConfig) -> tuple[int, int]:
     return cfg.jax.replicas * cfg.jax.devices_per_replica, 1
 
 
+def engine_spec(cfg: EngineProcessConfig) -> EngineSpec:
+    """What the engine process of `cfg` registers with: backend, family, dtype, transports
+    (preferred first), its devices and TP size (`device_counts`), name and host."""
+    from gateway import messages as m
+
+    devices, tp = device_counts(cfg)
+    return m.EngineSpec(
+        backend=cfg.backend,
+        model_family=cfg.family,
+        dtype=cfg.dtype,
+        transports=cfg.transports,
+        device_count=devices,
+        tp_size=tp,
+        name=cfg.name,
+        host=socket.gethostname(),
+    )
+
+
 async def run_worker(client, backend, spec, cfg: WorkerConfig, max_rejoins: int = 10) -> str:
     """Run `EngineWorker`s over one started backend until one stops for a reason other than
     "dropped" (the gateway dropped the engine: it registers again, with the version the
@@ -163,21 +185,10 @@ async def serve(cfg: EngineProcessConfig, max_rejoins: int = 10) -> str:
             token, a run this engine cannot serve); raised before the backend starts when the
             precheck finds it.
     """
-    from gateway import messages as m
     from gateway.client import GatewayClient
     from rollout_engine.precheck import precheck
 
-    devices, tp = device_counts(cfg)
-    spec = m.EngineSpec(
-        backend=cfg.backend,
-        model_family=cfg.family,
-        dtype=cfg.dtype,
-        transports=cfg.transports,
-        device_count=devices,
-        tp_size=tp,
-        name=cfg.name,
-        host=socket.gethostname(),
-    )
+    spec = engine_spec(cfg)
     client = GatewayClient.from_token_file(cfg.gateway, cfg.token_file, "engine", cfg.ca_file)
     try:
         found = await asyncio.to_thread(

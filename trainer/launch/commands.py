@@ -16,6 +16,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from gateway import messages as m
 from gateway.transport.config import GlooTransportConfig, NcclTransportConfig
 from trainer.launch.job_config import JobConfig
 
@@ -29,22 +30,37 @@ def resolve_accelerator(job: JobConfig) -> str:
 
 
 def resolve_data_plane(job: JobConfig) -> str:
-    """The weight transport, "gloo" or "nccl" (launch.data_plane; auto: nccl for vLLM engines
-    on GPUs, gloo otherwise: the JAX engine and every CPU run use gloo).
+    """The weight transport, "gloo" or "nccl" (launch.data_plane; auto: nccl when every engine
+    is vLLM on GPUs, gloo otherwise: the JAX engine and every CPU run use gloo). The one
+    answer for every side of the run: the gateway's `--transport`, the settings the trainer
+    configures (`run_settings`), each engine's `--transports` and the trainer's sender.
 
     Raises:
-        ValueError: nccl asked for without vLLM engines on GPUs.
+        ValueError: nccl asked for without every engine being vLLM on GPUs.
     """
     dp = job.launch.data_plane
-    gpu_vllm = resolve_accelerator(job) == "gpu" and job.run.rollout.backend == "vllm"
+    gpu_vllm = resolve_accelerator(job) == "gpu" and set(job.backends) == {"vllm"}
     if dp == "auto":
         return "nccl" if gpu_vllm else "gloo"
     if dp == "nccl" and not gpu_vllm:
         raise ValueError(
-            "launch.data_plane=nccl needs vLLM engines on GPUs; got accelerator "
-            f"{resolve_accelerator(job)} and rollout.backend {job.run.rollout.backend}"
+            "launch.data_plane=nccl needs every engine to be vLLM on GPUs; got accelerator "
+            f"{resolve_accelerator(job)} and engine backends {list(job.backends)}"
         )
     return dp
+
+
+def run_settings(job: JobConfig, family: str) -> m.RunSettings:
+    """The run settings the trainer configures at the gateway: the model's mapping family,
+    the engines' dtype, the data plane (`resolve_data_plane`) and the backends allowed.
+
+    Raises:
+        ValueError: as `resolve_data_plane`.
+    """
+    return m.RunSettings(
+        model_family=family, dtype=job.engine_dtype, transport=resolve_data_plane(job),
+        backends=job.backends,
+    )  # fmt: skip
 
 
 def data_plane_config(job: JobConfig) -> GlooTransportConfig | NcclTransportConfig:

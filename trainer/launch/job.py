@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from trainer.launch.commands import trainer_env
+from trainer.launch.commands import run_settings, trainer_env
 from trainer.launch.job_config import JobConfig
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,6 @@ def _run_job(job: JobConfig) -> dict[str, Any]:
 
     from transformers import AutoTokenizer
 
-    from gateway import messages as m
     from gateway.client import GatewayClient
     from gateway.errors import GatewayError
     from trainer.checkpoints.hf_io import read_hf_config
@@ -121,11 +120,7 @@ def _run_job(job: JobConfig) -> dict[str, Any]:
         client = GatewayClient.from_token_file(address, token_file, "trainer", margin_s=10.0)
         try:
             client.wait_ready(30.0)
-            settings = m.RunSettings(
-                model_family=family, dtype=job.engine_dtype, transport="gloo",
-                backends=job.backends,
-            )  # fmt: skip
-            client.configure(settings)
+            client.configure(run_settings(job, family))
             if not launch.gateway:
                 start_engines(job, procs, address, token_file, model_path, max_len)
             from trainer.launch.training import train_and_evaluate

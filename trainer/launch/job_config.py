@@ -183,10 +183,9 @@ class JobConfig(_Section):
 
     @property
     def backends(self) -> tuple[str, ...]:
-        """Every backend the run's engines use (rollout.backend first)."""
-        out = [self.run.rollout.backend]
-        out += [b for b in self.launch.engine_backends if b not in out]
-        return tuple(out)
+        """Every backend the run's engines use, once each in engine order
+        (launch.engine_backends, else rollout.backend alone)."""
+        return tuple(dict.fromkeys(self.launch.engine_backends)) or (self.run.rollout.backend,)
 
     @model_validator(mode="after")
     def _eval_sampling(self) -> JobConfig:

@@ -104,5 +104,5 @@ def test_data_plane_is_nccl_for_vllm_on_gpus_only(tmp_path):
         eng = engine_argv(job, 0, "h:1", tmp_path / "t", tmp_path, 96)
         assert gw[gw.index("--transport") + 1] == want
         assert eng[eng.index("--transports") + 1] == want
-    with pytest.raises(ValueError, match="needs vLLM engines on GPUs; got accelerator cpu"):
+    with pytest.raises(ValueError, match="every engine to be vLLM on GPUs; got accelerator cpu"):
         resolve_data_plane(_job("launch.accelerator=cpu", "launch.data_plane=nccl"))
