@@ -64,7 +64,6 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from gateway import messages as m
 from gateway.client import GatewayClient
 from gateway.sync_plan import SyncPlan
 from gateway.transport.base import SendStats, TransferError, WeightSender
@@ -74,24 +73,12 @@ from gateway.transport.manifest import Manifest
 from mappings.apply import params_to_engine
 from mappings.registry import get_family
 from mappings.spec import Family, expand
+from trainer.publish.host_views import HostView, flat_of, on_one_cpu
+from trainer.publish.waits import EngineWaits, MembersLost, PushError, gone_from, ids_of
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("trainer.publish")
 
 WIRE_DTYPES = ("bfloat16", "float32", "float16")
-
-
-class PushError(RuntimeError):
-    """A version did not reach every engine: no engines, an engine failed, or a timeout.
-
-    Attributes:
-        version: the version pushed.
-        engines: the last sync state of each engine (`gateway.messages.EngineSyncState`).
-    """
-
-    def __init__(self, version: int, message: str, engines: tuple = ()) -> None:
-        super().__init__(f"push of version {version}: {message}")
-        self.version = version
-        self.engines = engines
 
 
 @dataclass(frozen=True)
@@ -181,17 +168,16 @@ class WeightPublisher:
             raise ValueError(
                 f"min_engines, max_attempts: expected >= 1, got {min_engines}, {max_attempts}"
             )
-        self.min_engines = min_engines
         self.max_attempts = max_attempts
-        self.settle_s = settle_s
-        self.peer_grace_s = peer_grace_s
         self.client = client
         self.transport = transport
         self.family = get_family(family) if isinstance(family, str) else family
         self.cfg = cfg
         self.dtype = dtype
-        self.ready_timeout_s = ready_timeout_s
-        self.loaded_timeout_s = loaded_timeout_s
+        self.waits = EngineWaits(
+            client, not isinstance(transport, FileTransportConfig), min_engines,
+            ready_timeout_s, loaded_timeout_s, settle_s, peer_grace_s,
+        )  # fmt: skip
         self.jax_dims = dict(jax_dims or {})
         self._sender: WeightSender | None = None
         self._members: tuple[tuple[str, int], ...] = ()
@@ -251,7 +237,7 @@ class WeightPublisher:
             )
             if not behind:
                 return ()
-            log.info("catching %s up to version %d", list(_ids(behind)), version)
+            log.info("catching %s up to version %d", list(ids_of(behind)), version)
             return self._push_once(tensors, version, behind).engines
         finally:
             self._lock.release()
@@ -288,7 +274,7 @@ class WeightPublisher:
             GatewayError: the gateway refused the publication (e.g. a version not above the
                 current one).
         """
-        params = _flat(model_or_params)
+        params = flat_of(model_or_params)
         with self._lock:
             stats = self._push(params, version)
             if self._keep_last:
@@ -319,13 +305,13 @@ class WeightPublisher:
         sender, plan = self._plan(members, version)
         self.client.publish_version(version, plan.to_params())
         try:
-            ids = self._wait(version, "ready", _ids(members), self.ready_timeout_s)
+            ids = self.waits.wait(version, "ready", ids_of(members))
             t1 = time.perf_counter()
             # whole tensors in HF layout and manifest order; a sharded sender slices them
             send = sender.send(plan.manifest, iter(tensors.items()))
             t2 = time.perf_counter()
-            ids = self._wait(version, "loaded", ids, self.loaded_timeout_s)
-        except _MembersLost as e:
+            ids = self.waits.wait(version, "loaded", ids)
+        except MembersLost as e:
             self._drop_group()
             raise PushError(version, str(e)) from e  # the next tick catches up the rest
         except BaseException:
@@ -339,40 +325,42 @@ class WeightPublisher:
 
     def _push(self, params: Mapping, version: int) -> PushStats:
         t0 = time.perf_counter()
-        members = self._live_engines(version)
+        members = self.waits.live_engines(version)
         lost: list[str] = []
         for attempt in range(self.max_attempts):
             sender, plan = self._plan(members, version)
             self.client.publish_version(version, plan.to_params())
             try:
-                ids = self._wait(version, "ready", _ids(members), self.ready_timeout_s)
-                if len(ids) < len(members) and (self._collective or not ids):
-                    raise _MembersLost(_gone(members, ids), "before the send")
+                ids = self.waits.wait(version, "ready", ids_of(members))
+                if len(ids) < len(members) and (self.waits.collective or not ids):
+                    raise MembersLost(gone_from(members, ids), "before the send")
                 t1 = time.perf_counter()
-                send = self._send(sender, plan.manifest, params, _ids(members))
+                send = self._send(sender, plan.manifest, params, ids_of(members))
                 t2 = time.perf_counter()
                 # after the commit every receiver voted: a death now leaves the rest loaded
-                ids = self._wait(version, "loaded", ids, self.loaded_timeout_s)
-                self._check_enough(version, len(ids), "after engines left during the push")
-            except _MembersLost as e:
+                ids = self.waits.wait(version, "loaded", ids)
+                self.waits.check_enough(version, len(ids), "after engines left during the push")
+            except MembersLost as e:
                 self._drop_group()  # a broken collective leaves the group out of step
                 lost += e.gone
-                survivors = _ids(tuple(x for x in members if x[0] not in e.gone))
-                self._settle(version, survivors)
+                survivors = ids_of(tuple(x for x in members if x[0] not in e.gone))
+                self.waits.settle(version, survivors)
                 # the engines registered now: the survivors, and any that came back (a
                 # restart) meanwhile; below min_engines this waits for them (ready_timeout_s)
-                members = tuple(x for x in self._live_engines(version, lost) if x[0] not in lost)
+                members = tuple(
+                    x for x in self.waits.live_engines(version, lost) if x[0] not in lost
+                )
                 log.warning(
                     "push of version %d: engines %s left %s (attempt %d); re-sending it to %s",
-                    version, e.gone, e.when, attempt + 1, list(_ids(members)),
+                    version, e.gone, e.when, attempt + 1, list(ids_of(members)),
                 )  # fmt: skip
-                self._check_enough(version, len(members), f"after {lost} left during the push")
+                self.waits.check_enough(version, len(members), f"after {lost} left during the push")
                 continue
             except BaseException:
                 self._drop_group()  # a failed collective leaves the group out of step
                 raise
             t3 = time.perf_counter()
-            gone_late = [e for e in _ids(members) if e not in ids]
+            gone_late = [e for e in ids_of(members) if e not in ids]
             stats = PushStats(
                 version, send.num_bytes, len(self._shapes), send.num_buckets, ids,
                 t1 - t0, t2 - t1, t3 - t2, t3 - t0, plan.manifest.tp_size,
@@ -395,46 +383,6 @@ class WeightPublisher:
         self._drop_group()
 
     # ----- steps -----
-    @property
-    def _collective(self) -> bool:
-        return not isinstance(self.transport, FileTransportConfig)
-
-    def _live_engines(
-        self, version: int, lost: list[str] | None = None
-    ) -> tuple[tuple[str, int], ...]:
-        """The engines registered now, as (id, TP size); waits up to `ready_timeout_s` for
-        `min_engines` of them (a restarted engine registering again). `lost`: the engines
-        that left during this push (named in the error)."""
-        deadline = time.monotonic() + self.ready_timeout_s
-        while True:
-            status = self.client.status()
-            members = tuple(sorted((e.engine_id, max(1, e.tp_size)) for e in status.engines))
-            if len(members) >= self.min_engines:
-                return members
-            if time.monotonic() > deadline:
-                why = f" after {lost} left during the push" if lost else ""
-                self._check_enough(version, len(members), f"within {self.ready_timeout_s} s{why}")
-            time.sleep(0.2)
-
-    def _check_enough(self, version: int, serving: int, when: str) -> None:
-        if serving < self.min_engines:
-            raise PushError(
-                version,
-                f"expected at least launch.min_engines={self.min_engines} engines serving, "
-                f"got {serving} {when}",
-            )
-
-    def _settle(self, version: int, ids: tuple[str, ...]) -> None:
-        """Before a re-plan: wait (at most `settle_s`) until each survivor ended its attempt
-        on the broken group (acked "failed" or "loaded", or left), so its late failure of
-        that attempt cannot count against the next one."""
-        deadline = time.monotonic() + self.settle_s
-        while time.monotonic() < deadline:
-            states = {s.engine_id: s for s in self.client.wait_sync(version, 0.0, "loaded").engines}
-            if all(e not in states or states[e].phase in ("failed", "loaded") for e in ids):
-                return
-            time.sleep(0.05)
-
     def _plan(
         self, members: tuple[tuple[str, int], ...], version: int
     ) -> tuple[WeightSender, SyncPlan]:
@@ -472,36 +420,15 @@ class WeightPublisher:
         self, sender: WeightSender, manifest: Manifest, params: Mapping, ids: tuple[str, ...]
     ) -> SendStats:
         """The data-plane send. A transfer error is pinned on the group members the gateway
-        drops within `peer_grace_s` (their connection broke): `_MembersLost` names them; with
+        drops within `peer_grace_s` (their connection broke): `MembersLost` names them; with
         none gone it is a `PushError` with the engines' own errors."""
         tensors = self._sharded_tensors if manifest.sharded else self._engine_tensors
         try:
             return sender.send(manifest, tensors(params))
         except TransferError as e:
-            states = self._pin_on_lost(manifest.version, ids, f"during the send ({e})", e)
+            states = self.waits.pin_on_lost(manifest.version, ids, f"during the send ({e})", e)
             errors = {s.engine_id: s.error for s in states if s.phase == "failed"}
             raise PushError(manifest.version, f"{e}; engine errors: {errors}", states) from e
-
-    def _pin_on_lost(
-        self, version: int, ids: tuple[str, ...], when: str, cause: BaseException | None = None
-    ) -> tuple[m.EngineSyncState, ...]:
-        """A collective failed (the send, or a member's receive): wait up to `peer_grace_s`
-        for the gateway to drop members of `ids` (a dead rank breaks the group for all, and
-        its broken connection names it a moment later). Returns the engines' sync states
-        when none left.
-
-        Raises:
-            _MembersLost: members of `ids` left (the push re-plans on the rest).
-        """
-        deadline = time.monotonic() + self.peer_grace_s
-        while True:
-            states = self.client.wait_sync(version, 0.0, "loaded").engines
-            gone = [x for x in ids if x not in {s.engine_id for s in states}]
-            if gone:
-                raise _MembersLost(gone, when) from cause
-            if time.monotonic() > deadline:
-                return states
-            time.sleep(0.1)
 
     def _engine_tensors(self, params: Mapping) -> Iterator[tuple[str, Any]]:
         """(HF name, numpy array in the HF layout, possibly strided) one at a time.
@@ -516,7 +443,7 @@ class WeightPublisher:
         devices) is cast to the wire dtype in JAX first, one tensor at a time, so only
         wire-dtype bytes leave the device; its layout change is then a strided view too.
         """
-        view = _HostView(params, jnp.dtype(self.dtype))
+        view = HostView(params, jnp.dtype(self.dtype))
         yield from params_to_engine(self.family, self.cfg, view, self.jax_dims, contiguous=False)
 
     def _sharded_tensors(self, params: Mapping) -> Iterator[tuple[str, Any]]:
@@ -533,136 +460,10 @@ class WeightPublisher:
         wire = jnp.dtype(self.dtype)
 
         def cast(x: Any) -> Any:
-            if isinstance(x, np.ndarray) or _on_one_cpu(x):
+            if isinstance(x, np.ndarray) or on_one_cpu(x):
                 return np.asarray(x)
             return x if x.dtype == wire else jnp.asarray(x).astype(wire)
 
         yield from params_to_engine(
             self.family, self.cfg, params, self.jax_dims, cast, host=False, contiguous=False
         )
-
-    def _wait(
-        self, version: int, phase: str, ids: tuple[str, ...], timeout_s: float
-    ) -> tuple[str, ...]:
-        """Wait until every engine of `ids` still registered reached `phase` for `version`;
-        returns those engines (an engine that left is dropped from the wait).
-
-        Fails on silence, not slowness: only when no engine of `ids` reached the phase for
-        `timeout_s` seconds in a row (each one that does restarts the clock), so a push to
-        many engines on a loaded machine may take longer than `timeout_s` in all. The error
-        names the engines still waited for, how many reached the phase (and which), and the
-        publisher setting (`ready_timeout_s` / `loaded_timeout_s`).
-
-        Engines outside the group (registered after it formed) may fail this version: they
-        join at the next one, so their failure does not end the wait.
-
-        Raises:
-            _MembersLost: (collective) a member failed and members left within
-                `peer_grace_s`: a dead rank broke the group (`_pin_on_lost`).
-            PushError: a member failed the version, or one was late past `timeout_s`.
-        """
-        key = "ready_timeout_s" if phase == "ready" else "loaded_timeout_s"
-        t0 = last = time.monotonic()
-        reached: set[str] = set()
-        while True:
-            left = last + timeout_s - time.monotonic()
-            r = self.client.wait_sync(version, min(max(left, 0.0), 5.0), phase)
-            states = {s.engine_id: s for s in r.engines}
-            gone = [e for e in ids if e not in states]
-            if gone:
-                log.warning("push of version %d: engines %s left (%s)", version, gone, phase)
-                ids = tuple(e for e in ids if e in states)
-                if self._collective and phase == "ready":
-                    return ids  # the group cannot form: push() re-plans
-            failed = {e: states[e].error for e in ids if _failed(states[e], version)}
-            if failed and self._collective:  # a member's death fails the others' receive
-                self._pin_on_lost(version, ids, f"while waiting for {phase} ({failed})")
-            if failed:
-                raise PushError(version, f"engines failed: {failed}", r.engines)
-            now_reached = {e for e in ids if _reached(states[e], version, phase)}
-            if len(now_reached) == len(ids):  # not r.done: it also ends on a non-member's failure
-                return ids
-            if now_reached - reached:
-                reached |= now_reached
-                last = time.monotonic()
-                continue
-            if time.monotonic() - last >= timeout_s:
-                late = [e for e in ids if e not in now_reached]
-                raise PushError(
-                    version,
-                    f"engines {late} not {phase}: {len(now_reached)}/{len(ids)} reached it "
-                    f"({sorted(now_reached)}) and none more for {timeout_s:g} s (publisher "
-                    f"{key}; {time.monotonic() - t0:.1f} s in all)",
-                    r.engines,
-                )
-            time.sleep(0.05)  # an engine outside the group failed: settle without it
-
-
-def _reached(s: m.EngineSyncState, version: int, phase: str) -> bool:
-    if s.version < version:
-        return False
-    return s.phase == "loaded" or (phase == "ready" and s.phase == "ready")
-
-
-def _ids(members: tuple[tuple[str, int], ...]) -> tuple[str, ...]:
-    return tuple(e for e, _ in members)
-
-
-def _gone(members: tuple[tuple[str, int], ...], alive: tuple[str, ...]) -> list[str]:
-    return [e for e, _ in members if e not in alive]
-
-
-class _MembersLost(Exception):
-    """Members of the push's group left (their connection broke): re-plan without them."""
-
-    def __init__(self, gone: list[str], when: str) -> None:
-        super().__init__(f"engines {gone} left {when}")
-        self.gone, self.when = gone, when
-
-
-def _failed(s: m.EngineSyncState, version: int) -> bool:
-    return s.phase == "failed" and s.version >= version
-
-
-class _HostView(Mapping):
-    """A read-only view of flat params whose items come back as numpy arrays on access: a
-    param held whole on one CPU device (or already numpy) as a view of its buffer in its own
-    dtype (no copy, no cast); any other param cast to `dtype` in JAX first (items already in
-    `dtype` are not cast), then fetched to the host."""
-
-    def __init__(self, params: Mapping, dtype: Any) -> None:
-        self._params = params
-        self._dtype = dtype
-
-    def __getitem__(self, key: str) -> np.ndarray:
-        x = self._params[key]
-        if isinstance(x, np.ndarray) or _on_one_cpu(x):
-            return np.asarray(x)
-        if x.dtype != self._dtype:
-            x = jnp.asarray(x).astype(self._dtype)
-        return np.asarray(x)
-
-    def __iter__(self):
-        return iter(self._params)
-
-    def __len__(self) -> int:
-        return len(self._params)
-
-
-def _on_one_cpu(x: Any) -> bool:
-    """Whether `x` is a JAX array held whole on a single CPU device (so `np.asarray` shares
-    its buffer)."""
-    devices = getattr(x, "devices", None)
-    if devices is None:
-        return False
-    ds = devices()
-    return len(ds) == 1 and next(iter(ds)).platform == "cpu"
-
-
-def _flat(model_or_params: Any) -> Mapping:
-    """Flat params by dot path of a `Decoder`, or the mapping itself."""
-    if isinstance(model_or_params, Mapping):
-        return model_or_params
-    from trainer.models.params import flat_params
-
-    return flat_params(model_or_params)

@@ -1,0 +1,201 @@
+"""The publisher's waits on the engines during a push, through the gateway's sync state:
+who is registered, who reached "ready" / "loaded", who failed, and which member a broken
+collective is pinned on (see "Elastic pushes" in `trainer.publish.publisher`)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from gateway import messages as m
+from gateway.client import GatewayClient
+
+log = logging.getLogger("trainer.publish")
+
+
+class PushError(RuntimeError):
+    """A version did not reach every engine: no engines, an engine failed, or a timeout.
+
+    Attributes:
+        version: the version pushed.
+        engines: the last sync state of each engine (`gateway.messages.EngineSyncState`).
+    """
+
+    def __init__(self, version: int, message: str, engines: tuple = ()) -> None:
+        super().__init__(f"push of version {version}: {message}")
+        self.version = version
+        self.engines = engines
+
+
+class MembersLost(Exception):
+    """Members of the push's group left (their connection broke): re-plan without them."""
+
+    def __init__(self, gone: list[str], when: str) -> None:
+        super().__init__(f"engines {gone} left {when}")
+        self.gone, self.when = gone, when
+
+
+class EngineWaits:
+    """Waits of one publisher on its engines (gateway `status` and `wait_sync` polls).
+
+    Args:
+        client: a trainer-role `GatewayClient`.
+        collective: the data plane is one process group (gloo/NCCL): a dead member breaks it
+            for all, so a member gone before the send, or a member's failure pinned on one
+            that left, re-plans the push (`MembersLost`).
+        min_engines: fewest engines a push may commit on.
+        ready_timeout_s, loaded_timeout_s: silence limits of the two waits (seconds).
+        settle_s: most seconds a re-plan waits for the survivors to end the broken attempt.
+        peer_grace_s: most seconds a data-plane error waits for the gateway to drop the dead
+            member (its connection broke), so the error can name it.
+    """
+
+    def __init__(
+        self,
+        client: GatewayClient,
+        collective: bool,
+        min_engines: int,
+        ready_timeout_s: float,
+        loaded_timeout_s: float,
+        settle_s: float,
+        peer_grace_s: float,
+    ) -> None:
+        self.client = client
+        self.collective = collective
+        self.min_engines = min_engines
+        self.ready_timeout_s = ready_timeout_s
+        self.loaded_timeout_s = loaded_timeout_s
+        self.settle_s = settle_s
+        self.peer_grace_s = peer_grace_s
+
+    def live_engines(
+        self, version: int, lost: list[str] | None = None
+    ) -> tuple[tuple[str, int], ...]:
+        """The engines registered now, as (id, TP size); waits up to `ready_timeout_s` for
+        `min_engines` of them (a restarted engine registering again). `lost`: the engines
+        that left during this push (named in the error)."""
+        deadline = time.monotonic() + self.ready_timeout_s
+        while True:
+            status = self.client.status()
+            members = tuple(sorted((e.engine_id, max(1, e.tp_size)) for e in status.engines))
+            if len(members) >= self.min_engines:
+                return members
+            if time.monotonic() > deadline:
+                why = f" after {lost} left during the push" if lost else ""
+                self.check_enough(version, len(members), f"within {self.ready_timeout_s} s{why}")
+            time.sleep(0.2)
+
+    def check_enough(self, version: int, serving: int, when: str) -> None:
+        if serving < self.min_engines:
+            raise PushError(
+                version,
+                f"expected at least launch.min_engines={self.min_engines} engines serving, "
+                f"got {serving} {when}",
+            )
+
+    def settle(self, version: int, ids: tuple[str, ...]) -> None:
+        """Before a re-plan: wait (at most `settle_s`) until each survivor ended its attempt
+        on the broken group (acked "failed" or "loaded", or left), so its late failure of
+        that attempt cannot count against the next one."""
+        deadline = time.monotonic() + self.settle_s
+        while time.monotonic() < deadline:
+            states = {s.engine_id: s for s in self.client.wait_sync(version, 0.0, "loaded").engines}
+            if all(e not in states or states[e].phase in ("failed", "loaded") for e in ids):
+                return
+            time.sleep(0.05)
+
+    def pin_on_lost(
+        self, version: int, ids: tuple[str, ...], when: str, cause: BaseException | None = None
+    ) -> tuple[m.EngineSyncState, ...]:
+        """A collective failed (the send, or a member's receive): wait up to `peer_grace_s`
+        for the gateway to drop members of `ids` (a dead rank breaks the group for all, and
+        its broken connection names it a moment later). Returns the engines' sync states
+        when none left.
+
+        Raises:
+            MembersLost: members of `ids` left (the push re-plans on the rest).
+        """
+        deadline = time.monotonic() + self.peer_grace_s
+        while True:
+            states = self.client.wait_sync(version, 0.0, "loaded").engines
+            gone = [x for x in ids if x not in {s.engine_id for s in states}]
+            if gone:
+                raise MembersLost(gone, when) from cause
+            if time.monotonic() > deadline:
+                return states
+            time.sleep(0.1)
+
+    def wait(self, version: int, phase: str, ids: tuple[str, ...]) -> tuple[str, ...]:
+        """Wait until every engine of `ids` still registered reached `phase` for `version`;
+        returns those engines (an engine that left is dropped from the wait).
+
+        Fails on silence, not slowness: only when no engine of `ids` reached the phase for
+        `timeout_s` seconds in a row (each one that does restarts the clock), so a push to
+        many engines on a loaded machine may take longer than `timeout_s` in all. The error
+        names the engines still waited for, how many reached the phase (and which), and the
+        publisher setting (`ready_timeout_s` / `loaded_timeout_s`).
+
+        Engines outside the group (registered after it formed) may fail this version: they
+        join at the next one, so their failure does not end the wait.
+
+        Raises:
+            MembersLost: (collective) a member failed and members left within
+                `peer_grace_s`: a dead rank broke the group (`_pin_on_lost`).
+            PushError: a member failed the version, or one was late past `timeout_s`.
+        """
+        key = "ready_timeout_s" if phase == "ready" else "loaded_timeout_s"
+        timeout_s = self.ready_timeout_s if phase == "ready" else self.loaded_timeout_s
+        t0 = last = time.monotonic()
+        reached: set[str] = set()
+        while True:
+            left = last + timeout_s - time.monotonic()
+            r = self.client.wait_sync(version, min(max(left, 0.0), 5.0), phase)
+            states = {s.engine_id: s for s in r.engines}
+            gone = [e for e in ids if e not in states]
+            if gone:
+                log.warning("push of version %d: engines %s left (%s)", version, gone, phase)
+                ids = tuple(e for e in ids if e in states)
+                if self.collective and phase == "ready":
+                    return ids  # the group cannot form: push() re-plans
+            failed = {e: states[e].error for e in ids if _failed(states[e], version)}
+            if failed and self.collective:  # a member's death fails the others' receive
+                self.pin_on_lost(version, ids, f"while waiting for {phase} ({failed})")
+            if failed:
+                raise PushError(version, f"engines failed: {failed}", r.engines)
+            now_reached = {e for e in ids if _reached(states[e], version, phase)}
+            if len(now_reached) == len(ids):  # not r.done: it also ends on a non-member's failure
+                return ids
+            if now_reached - reached:
+                reached |= now_reached
+                last = time.monotonic()
+                continue
+            if time.monotonic() - last >= timeout_s:
+                late = [e for e in ids if e not in now_reached]
+                raise PushError(
+                    version,
+                    f"engines {late} not {phase}: {len(now_reached)}/{len(ids)} reached it "
+                    f"({sorted(now_reached)}) and none more for {timeout_s:g} s (publisher "
+                    f"{key}; {time.monotonic() - t0:.1f} s in all)",
+                    r.engines,
+                )
+            time.sleep(0.05)  # an engine outside the group failed: settle without it
+
+
+def ids_of(members: tuple[tuple[str, int], ...]) -> tuple[str, ...]:
+    """The engine ids of (id, TP size) members."""
+    return tuple(e for e, _ in members)
+
+
+def gone_from(members: tuple[tuple[str, int], ...], alive: tuple[str, ...]) -> list[str]:
+    """The members whose id is not in `alive`."""
+    return [e for e, _ in members if e not in alive]
+
+
+def _reached(s: m.EngineSyncState, version: int, phase: str) -> bool:
+    if s.version < version:
+        return False
+    return s.phase == "loaded" or (phase == "ready" and s.phase == "ready")
+
+
+def _failed(s: m.EngineSyncState, version: int) -> bool:
+    return s.phase == "failed" and s.version >= version
