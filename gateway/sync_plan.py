@@ -1,6 +1,6 @@
 """What a sync directive carries: how an engine joins the data plane and what version comes.
 
-The trainer's `WeightPublisher` (trainer/publish/publisher.py) writes a `SyncPlan` into the params of
+The trainer's `WeightPublisher` (trainer/publish/) writes a `SyncPlan` into the params of
 `PublishVersion`; every engine reads it back from its sync directive (rollout_engine/worker.py).
 The params are a flat `dict[str, str]` (the gateway carries them opaquely):
 
