@@ -65,6 +65,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gateway.client import GatewayClient
+from gateway.errors import GatewayError
 from gateway.sync_plan import SyncPlan
 from gateway.transport.base import SendStats, TransferError, WeightSender
 from gateway.transport.config import FileTransportConfig, TransportConfig
@@ -206,9 +207,15 @@ class WeightPublisher:
             self._catch_up_thread.start()
 
     def _catch_up_loop(self, interval_s: float) -> None:
+        said = ""  # a gateway that is away (stopping, restarting) is said once, not per tick
         while not self._catch_up_stop.wait(interval_s):
             try:
                 self.catch_up()
+                said = ""
+            except GatewayError as e:
+                if str(e) != said:
+                    log.warning("catching engines up: %s (retried every %g s)", e, interval_s)
+                said = str(e)
             except Exception:  # noqa: BLE001 - retried at the next tick; pushes report errors
                 log.exception("catching engines up failed")
 

@@ -139,3 +139,27 @@ def test_an_engine_registering_between_pushes_is_caught_up_to_the_current_versio
         trainer.close()
         engine.close()
         server.stop(0)
+
+
+def test_catching_up_with_the_gateway_gone_says_so_once(model, caplog):
+    """A gateway that stops while the catch-up thread runs (the job's forced stop) is one
+    warning line, not a traceback every tick."""
+    path, cfg, decoder = model
+    server, trainer, engine = h.start_gateway()
+    transport = GlooTransportConfig(port=0, timeout_s=30, bucket_bytes=BUCKET)
+    publisher = WeightPublisher(trainer, transport, "llama", cfg, "float32")
+    try:
+        publisher._last = (1, {})  # as after a push: something to catch up to
+        server.stop(0)
+        with caplog.at_level("WARNING", logger="trainer.publish"):
+            publisher.start_catch_up(interval_s=0.05)
+            time.sleep(1.5)  # about 30 ticks
+            publisher.close()
+        records = [r for r in caplog.records if r.name == "trainer.publish"]
+        assert len(records) == 1, [r.getMessage() for r in records]
+        assert records[0].levelname == "WARNING" and records[0].exc_info is None
+        assert records[0].getMessage().startswith("catching engines up: UNAVAILABLE")
+    finally:
+        publisher.close()
+        trainer.close()
+        engine.close()
