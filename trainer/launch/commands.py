@@ -16,8 +16,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from gateway.transport.config import GlooTransportConfig, NcclTransportConfig
 from trainer.launch.job_config import JobConfig
+from transport.config import GlooTransportConfig, NcclTransportConfig
 
 
 def resolve_accelerator(job: JobConfig) -> str:
