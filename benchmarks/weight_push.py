@@ -29,14 +29,14 @@ from gateway import messages as m
 from gateway.client import GatewayClient
 from gateway.config import GatewayConfig
 from gateway.server import GatewayServer
-from gateway.transport.config import GlooTransportConfig, TransportConfig
-from gateway.transport.factory import make_receiver
 from rollout_engine.backend import RolloutBackend, UpdateStats
 from rollout_engine.config import WorkerConfig
 from rollout_engine.worker import EngineWorker
 from trainer.models.config import ModelConfig
 from trainer.models.decoder import Decoder
 from trainer.publish import WeightPublisher
+from transport.config import GlooTransportConfig, TransportConfig
+from transport.factory import make_receiver
 
 SMOLLM2_135M = {
     "model_type": "llama",

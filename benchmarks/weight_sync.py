@@ -66,13 +66,13 @@ import torch
 from gateway import messages as m
 from gateway.auth import write_tokens
 from gateway.client import GatewayClient
-from gateway.transport.config import GlooTransportConfig
-from gateway.transport.manifest import DTYPE_BYTES, Manifest
 from trainer.checkpoints.hf_io import load_hf_checkpoint
 from trainer.checkpoints.smollm2 import ensure_smollm2
 from trainer.checkpoints.tiny import make_tiny_checkpoint
 from trainer.models.params import flat_params
 from trainer.publish import WeightPublisher
+from transport.config import GlooTransportConfig
+from transport.manifest import DTYPE_BYTES, Manifest
 
 CPU_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",

@@ -1,4 +1,4 @@
-"""The gRPC control plane (server and typed client) and the weight data plane (transport/).
+"""The gRPC control plane: server and typed client (the weight data plane is `transport/`).
 
 Nothing here imports JAX, torch or vLLM at module import time.
 """

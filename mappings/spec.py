@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.transport.reshard import ShardKind
+from mappings.shards import ShardKind
 
 #: Condition names a rule may be gated by, evaluated on the model config.
 CONDITIONS = ("attention_bias", "qk_norm", "post_norms", "untied")
@@ -108,7 +108,7 @@ class Rule:
 
     @property
     def shard_kind(self) -> ShardKind:
-        """How the engine's tensor parallelism splits the HF tensor (`gateway.transport.reshard`):
+        """How the engine's tensor parallelism splits the HF tensor (`mappings.shards`):
         `replicated` without a `tp_dim`, `row` for dim 1, and for dim 0 `kv` (the fused "k" /
         "v" shards: split by KV head, replicated past the head count), `vocab` (an HF layout
         that starts with the vocab axis "V": padded vocab-parallel) or `column`.

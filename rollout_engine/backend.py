@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gateway.transport.manifest import Manifest
+    from transport.manifest import Manifest
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ class RolloutBackend(ABC):
     async def connect_transport(
         self, transport: dict[str, Any], rank_offset: int = 1, world_size: int | None = None
     ) -> None:
-        """Join the data plane the gateway agreed (a `gateway.transport.config` dict).
+        """Join the data plane the gateway agreed (a `transport.config` dict).
 
         Args:
             transport: the transport settings, including the sender's rendezvous address.

@@ -55,11 +55,11 @@ from gateway import messages as m
 from gateway.client import GatewayClient
 from gateway.errors import NOT_FOUND, GatewayError
 from gateway.heartbeat import HeartbeatThread
-from gateway.sync_plan import SyncPlan, SyncPlanError
 from rollout_engine.backend import RolloutBackend, UpdateStats
 from rollout_engine.calls import EngineDropped, GatewayCaller, GatewayLost
 from rollout_engine.config import WorkerConfig
 from rollout_engine.wire import aborted_group, group_of, sampling_of
+from transport.sync_plan import SyncPlan, SyncPlanError
 
 log = logging.getLogger(__name__)
 

@@ -6,6 +6,11 @@ import os
 # Must be set before JAX is imported anywhere in the test process.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Real data sets (GSM8K) for the tests that read them: this project's CI keeps them in a
+# `shared/data` folder beside the checkout; elsewhere set JAXRL_DATA_DIR (those tests skip
+# when the files are absent).
+_CI_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..")
+os.environ.setdefault("JAXRL_DATA_DIR", os.path.join(_CI_DATA, "shared", "data"))
 
 import pytest  # noqa: E402
 

@@ -24,8 +24,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from gateway.transport.base import TransferError
-from gateway.transport.manifest import Manifest, check_manifest
 from rollout_engine.backend import (
     GroupResult,
     RolloutBackend,
@@ -39,7 +37,9 @@ from rollout_engine.jax.engine import EngineConfig, JaxEngine
 from rollout_engine.jax.sampling import SamplingConfig as JaxSampling
 from rollout_engine.jax.stops import StopConfig
 from rollout_engine.jax.types import Request, SampleResult
-from rollout_engine.vllm.expected import checkpoint_tensors
+from transport.base import TransferError
+from transport.expected import checkpoint_tensors
+from transport.manifest import Manifest, check_manifest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,8 +197,8 @@ class JaxBackend(RolloutBackend):
         """Join the data plane as receiver ``rank_offset`` of ``world_size`` (default 2)."""
         from pydantic import TypeAdapter
 
-        from gateway.transport.config import TransportConfig
-        from gateway.transport.factory import make_receiver
+        from transport.config import TransportConfig
+        from transport.factory import make_receiver
 
         cfg = TypeAdapter(TransportConfig).validate_python(transport)
         self._receiver = await asyncio.to_thread(make_receiver, cfg, rank_offset, world_size or 2)

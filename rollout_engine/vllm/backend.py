@@ -27,7 +27,6 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.transport.manifest import Manifest, check_manifest
 from rollout_engine.backend import (
     GroupResult,
     RolloutBackend,
@@ -36,8 +35,9 @@ from rollout_engine.backend import (
     UpdateStats,
     VersionSpan,
 )
-from rollout_engine.vllm.expected import checkpoint_tensors, num_kv_heads
 from rollout_engine.vllm.registry import ENGINE_NAME, register_transfer_engines
+from transport.expected import checkpoint_tensors, num_kv_heads
+from transport.manifest import Manifest, check_manifest
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ class VllmBackend(RolloutBackend):
         """Join the data plane; blocks until the sender joins (or the transport's timeout).
 
         Args:
-            transport: a `gateway.transport.config.TransportConfig` as a dict.
+            transport: a `transport.config.TransportConfig` as a dict.
             rank_offset: group rank of this engine's TP rank 0.
             world_size: group size; default 1 + `tensor_parallel_size`.
         """

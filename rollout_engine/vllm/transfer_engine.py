@@ -1,11 +1,11 @@
 """The worker side of our data plane inside vLLM: a `WeightTransferEngine` that receives a
-version through any `gateway.transport` receiver and loads it with vLLM's layerwise reload.
+version through any `transport` receiver and loads it with vLLM's layerwise reload.
 
 Imported only inside vLLM worker processes, lazily, by the factory entry `registry.py` adds.
 Each tensor-parallel worker is one receiver of the group (rank `rank_offset + tp_rank`) and
 hands HF-named tensors to the model's own `load_weights`, which fuses q/k/v and gate/up and
 takes this rank's shard. With a sharded manifest (`Manifest.tp_size` > 1) the worker receives
-only its own region of each sharded tensor (`gateway.transport.reshard.tp_slice`, checked
+only its own region of each sharded tensor (`mappings.shards.tp_slice`, checked
 against vLLM's loaders in the tests) and `_as_full` places it where the loader reads it, so
 vLLM's loaders still do the fusing, vocab padding and CPU weight re-packing.
 """
@@ -24,11 +24,11 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from gateway.transport.base import TransferError, WeightReceiver
-from gateway.transport.config import TransportConfig
-from gateway.transport.factory import make_receiver
-from gateway.transport.manifest import Manifest, ManifestError
-from gateway.transport.reshard import tp_rank_of
+from transport.base import TransferError, WeightReceiver
+from transport.config import TransportConfig
+from transport.factory import make_receiver
+from transport.manifest import Manifest, ManifestError
+from transport.reshard import tp_rank_of
 
 
 @dataclass
@@ -54,7 +54,7 @@ class JaxrlUpdateInfo(WeightTransferUpdateInfo):
 
 
 class JaxrlWeightTransferEngine(WeightTransferEngine[JaxrlInitInfo, JaxrlUpdateInfo]):
-    """Receives buckets through a `gateway.transport` receiver into the model's loaders."""
+    """Receives buckets through a `transport` receiver into the model's loaders."""
 
     init_info_cls = JaxrlInitInfo
     update_info_cls = JaxrlUpdateInfo

@@ -17,7 +17,7 @@ class JaxrlWorkerMixin:
 
     def jaxrl_refuse_update(self, manifest: dict[str, Any], reason: str) -> str:
         """Make the sender fail fast: join the offer and vote no. Returns the reason."""
-        from gateway.transport.base import TransferError
+        from transport.base import TransferError
 
         engine = self.weight_transfer_engine  # type: ignore[attr-defined]
         try:

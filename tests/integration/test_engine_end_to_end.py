@@ -27,9 +27,9 @@ import pytest
 from gateway import messages as m
 from gateway.auth import write_tokens
 from gateway.client import GatewayClient
-from gateway.transport.config import GlooTransportConfig
 from trainer.checkpoints.hf_io import load_hf_checkpoint
 from trainer.publish import WeightPublisher
+from transport.config import GlooTransportConfig
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -26,7 +26,6 @@ from gateway import messages as m
 from gateway.client import GatewayClient
 from gateway.config import GatewayConfig
 from gateway.server import GatewayServer
-from gateway.transport.config import GlooTransportConfig
 from trainer.build import train_step_from_config
 from trainer.checkpoints.hf_io import load_hf_checkpoint
 from trainer.config import load_config
@@ -36,6 +35,7 @@ from trainer.rewards import ProblemStream, ScoringPool, TokenFractionVerifier
 from trainer.rewards.base import Problem
 from trainer.rollout_source import RolloutSource
 from trainer.sharding import make_mesh
+from transport.config import GlooTransportConfig
 
 _spec = importlib.util.spec_from_file_location("waits", Path(__file__).with_name("waits.py"))
 waits = importlib.util.module_from_spec(_spec)

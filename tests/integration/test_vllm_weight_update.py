@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.transport.manifest import Manifest, ManifestError
 from rollout_engine.backend import SamplingConfig, VersionSpan
 from trainer.checkpoints.tiny import make_tiny_checkpoint
+from transport.manifest import Manifest, ManifestError
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -173,7 +173,7 @@ def test_requests_in_flight_continue_with_new_weights(world):
 def test_file_transport_update(world, tmp_path):
     from safetensors.torch import load_file
 
-    from gateway.transport.file import FileSender
+    from transport.file import FileSender
 
     backend = world["backend"]
     run(world, backend.connect_transport({"kind": "file", "root": str(tmp_path), "timeout_s": 30}))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from gateway.transport.manifest import Manifest
+from transport.manifest import Manifest
 
 SENDER = Path(__file__).with_name("vllm_weight_sender.py")
 CPU_ENV = {

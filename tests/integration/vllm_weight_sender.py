@@ -15,9 +15,9 @@ import sys
 import torch
 from safetensors.torch import load_file
 
-from gateway.transport.base import TransferError
-from gateway.transport.gloo import GlooSender
-from gateway.transport.manifest import Manifest
+from transport.base import TransferError
+from transport.gloo import GlooSender
+from transport.manifest import Manifest
 
 
 def _say(*parts: str) -> None:

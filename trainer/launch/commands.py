@@ -3,9 +3,9 @@
 Devices: on GPUs the engines take CUDA devices ``[i*k, (i+1)*k)`` (k = launch.devices_per_engine)
 and the trainer the `trainer_devices` after them, each through ``CUDA_VISIBLE_DEVICES``. On CPU
 each process gets its own XLA host-device count (``--xla_force_host_platform_device_count``); a
-vLLM engine on CPU gets the variables vLLM's CPU backend needs (DESIGN.md, "Facts of this
-machine"): ``VLLM_CPU_KVCACHE_SPACE`` (GiB), ``VLLM_CPU_OMP_THREADS_BIND`` (its share of the
-cores) and ``VLLM_CPU_NUM_OF_RESERVED_CPU=0``.
+vLLM engine on CPU gets the variables vLLM's CPU backend needs: ``VLLM_CPU_KVCACHE_SPACE``
+(GiB), ``VLLM_CPU_OMP_THREADS_BIND`` (its share of the cores) and
+``VLLM_CPU_NUM_OF_RESERVED_CPU=0``.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from gateway import messages as m
-from gateway.transport.config import GlooTransportConfig, NcclTransportConfig
 from trainer.launch.job_config import JobConfig
+from transport.config import GlooTransportConfig, NcclTransportConfig
 
 
 def resolve_accelerator(job: JobConfig) -> str:

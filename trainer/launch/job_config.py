@@ -46,8 +46,9 @@ class DataSection(_Section):
     """reasoning-gym dataset settings, e.g. {min_terms: 2, max_terms: 2}."""
     size: int = Field(default=2000, ge=1)
     """Training problems (reasoning-gym: generated; gsm8k: the first `size` lines)."""
-    path: str = "../shared/data/gsm8k/train.jsonl"
-    """GSM8K training JSONL (source=gsm8k); relative paths are from the working folder."""
+    path: str = "data/gsm8k/train.jsonl"
+    """GSM8K training JSONL (source=gsm8k); relative paths are from the working folder. The
+    default is an example location: point it at your copy of GSM8K's train.jsonl."""
     eval_path: str = ""
     """GSM8K held-out JSONL; empty: the held-out split is the last eval.size lines of `path`
     (never trained on). reasoning-gym's held-out split uses seed trainer.seed + 1."""

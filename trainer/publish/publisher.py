@@ -5,18 +5,18 @@
    data-plane group of their TP ranks (a new group when the engines changed or the last push
    failed: a failed collective leaves a group out of step);
 2. builds the manifest from the family's mapping (HF names, full shapes, the wire dtype) and
-   publishes the version with a `gateway.sync_plan.SyncPlan` in its params;
+   publishes the version with a `transport.sync_plan.SyncPlan` in its params;
 3. waits until every engine of the group reached a safe point ("ready");
 4. streams the tensors, one at a time, through `params_to_engine` (the mapping's layout) into
    buckets of `bucket_bytes`. A param held whole on one CPU device reaches the packing copy
    as a strided view of its own buffer (`np.asarray` shares a CPU buffer, the layout change
-   is a view, `gateway.transport.base.as_torch` keeps the strides): that one torch copy into
+   is a view, `transport.base.as_torch` keeps the strides): that one torch copy into
    the bucket casts to the wire dtype and transposes in a single pass. A param on an
    accelerator or split over devices is cast to the wire dtype in JAX first (one tensor at a
    time), so only wire-dtype bytes leave the device. When every engine runs one TP degree > 1
    (and the transport's `tp_shards` is on) the manifest is sharded: each engine TP rank
    receives only its own shard of each tensor, copied straight out of the trainer's FSDP
-   shards when the param is split over devices (`gateway.transport.sharded`);
+   shards when the param is split over devices (`transport.sharded`);
 5. waits until every engine acknowledged "loaded".
 
 Elastic pushes. A push goes to the engines registered when it starts (at least `min_engines`;
@@ -45,7 +45,7 @@ from a host copy to engines behind it while no push runs (a run whose only engin
 came back has no next push until that engine serves).
 
 Extra trainer memory is bounded by one bucket (which a collective sender keeps between
-pushes: packing into a reused buffer avoids its page faults, `gateway.transport.base.
+pushes: packing into a reused buffer avoids its page faults, `transport.base.
 BufferPool`), plus, for a param on an accelerator or split over devices, that one tensor in
 its wire dtype (and its transposed copy when the mapping transposes it). A sharded bucket is
 packed once per TP rank: the per-rank buffers add up to the bucket, plus each KV tensor once
@@ -66,16 +66,16 @@ import numpy as np
 
 from gateway.client import GatewayClient
 from gateway.errors import GatewayError
-from gateway.sync_plan import SyncPlan
-from gateway.transport.base import SendStats, TransferError, WeightSender
-from gateway.transport.config import FileTransportConfig, TransportConfig
-from gateway.transport.factory import make_sender
-from gateway.transport.manifest import Manifest
 from mappings.apply import params_to_engine
 from mappings.registry import get_family
 from mappings.spec import Family, expand
 from trainer.publish.host_views import HostView, flat_of, on_one_cpu
 from trainer.publish.waits import EngineWaits, MembersLost, PushError, gone_from, ids_of
+from transport.base import SendStats, TransferError, WeightSender
+from transport.config import FileTransportConfig, TransportConfig
+from transport.factory import make_sender
+from transport.manifest import Manifest
+from transport.sync_plan import SyncPlan
 
 log = logging.getLogger("trainer.publish")
 
@@ -129,7 +129,7 @@ class WeightPublisher:
 
     Args:
         client: a trainer-role `GatewayClient`.
-        transport: the data plane (`gateway.transport.config.*TransportConfig`); a gloo/nccl
+        transport: the data plane (`transport.config.*TransportConfig`); a gloo/nccl
             port of 0 picks a free one per group. Its `bucket_bytes` is the bucket size.
         family: the mapping family (name or `Family`).
         cfg: the model's `ModelConfig`.
@@ -442,7 +442,7 @@ class WeightPublisher:
 
         A param held whole on one CPU device (or a numpy array) comes as a view of its own
         buffer in its own dtype: no cast and no transposed copy is made here; the sender's
-        packing copy (`gateway.transport.base.write_region`, one torch `copy_` into the
+        packing copy (`transport.base.write_region`, one torch `copy_` into the
         bucket) casts to the wire dtype and transposes in one pass (bit-identical to JAX's
         cast: both round to nearest even). Measured on this 2-core host for SmolLM2-135M
         (bf16 wire, 269 MB, default bucket): cast in JAX + transposed copy + packing took
@@ -455,7 +455,7 @@ class WeightPublisher:
 
     def _sharded_tensors(self, params: Mapping) -> Iterator[tuple[str, Any]]:
         """(HF name, array in the HF layout) one at a time, for a sharded manifest: the sender
-        copies each TP rank's region out of it (`gateway.transport.sharded`).
+        copies each TP rank's region out of it (`transport.sharded`).
 
         A param split over the trainer's devices stays a JAX array, cast to the wire dtype in
         JAX and still split, so the region is copied straight out of the FSDP shards and no

@@ -1,18 +1,20 @@
 """GSM8K problems from the JSONL files of openai/grade-school-math (never copied into the repo).
 
 Each line is ``{"question": ..., "answer": "...reasoning...\\n#### 72"}``; the gold number is the
-text after ``####``. The default folder is the shared data folder beside the repository
-(``../shared/data/gsm8k``); pass any other path.
+text after ``####``. The default folder is ``$JAXRL_DATA_DIR/gsm8k`` (default ``data/gsm8k``
+under the working folder): put ``train.jsonl`` and ``test.jsonl`` there, or pass any other path.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from trainer.rewards.base import Problem
 
-DEFAULT_GSM8K_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k"
+#: ``$JAXRL_DATA_DIR/gsm8k``, or ``data/gsm8k`` relative to the working folder.
+DEFAULT_GSM8K_DIR = Path(os.environ.get("JAXRL_DATA_DIR", "data")) / "gsm8k"
 
 
 def load_gsm8k(

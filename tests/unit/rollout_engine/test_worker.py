@@ -15,9 +15,9 @@ import pytest
 
 from gateway import messages as m
 from gateway.client import GatewayClient
-from gateway.sync_plan import SyncPlan
-from gateway.transport.manifest import Manifest, ManifestError, TensorSpec
 from rollout_engine.backend import UpdateStats
+from transport.manifest import Manifest, ManifestError, TensorSpec
+from transport.sync_plan import SyncPlan
 
 _spec = importlib.util.spec_from_file_location(
     "worker_harness", Path(__file__).with_name("worker_harness.py")

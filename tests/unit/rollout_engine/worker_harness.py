@@ -1,6 +1,6 @@
 """Shared by the worker and publisher tests (loaded by path): a real in-process gateway, a
 small backend beside the worker whose outputs are known exactly (its data plane is the real
-one: it receives through `gateway.transport` receivers), and a worker run in its own thread.
+one: it receives through `transport` receivers), and a worker run in its own thread.
 """
 
 from __future__ import annotations
@@ -17,10 +17,6 @@ from gateway import messages as m
 from gateway.client import GatewayClient
 from gateway.config import GatewayConfig
 from gateway.server import GatewayServer
-from gateway.transport.base import TransferError
-from gateway.transport.config import TransportConfig
-from gateway.transport.factory import make_receiver
-from gateway.transport.manifest import Manifest, check_manifest
 from rollout_engine.backend import (
     GroupResult,
     RolloutBackend,
@@ -31,6 +27,10 @@ from rollout_engine.backend import (
 )
 from rollout_engine.config import WorkerConfig
 from rollout_engine.worker import EngineWorker
+from transport.base import TransferError
+from transport.config import TransportConfig
+from transport.factory import make_receiver
+from transport.manifest import Manifest, check_manifest
 
 TOKENS = {"trainer": "trainer-token-0123456789", "engine": "engine-token-0123456789"}
 

@@ -13,11 +13,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gateway.transport.config import FileTransportConfig, GlooTransportConfig
-from rollout_engine.vllm.expected import checkpoint_tensors
 from trainer.checkpoints.hf_io import load_hf_checkpoint
 from trainer.models.params import flat_params
 from trainer.publish import PushError, WeightPublisher
+from transport.config import FileTransportConfig, GlooTransportConfig
+from transport.expected import checkpoint_tensors
 
 _path = Path(__file__).parents[1] / "rollout_engine" / "worker_harness.py"
 _spec = importlib.util.spec_from_file_location("worker_harness", _path)

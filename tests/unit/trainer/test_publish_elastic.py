@@ -16,10 +16,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gateway.transport.config import GlooTransportConfig
 from trainer.checkpoints.hf_io import load_hf_checkpoint
 from trainer.models.params import flat_params
 from trainer.publish import PushError, WeightPublisher
+from transport.config import GlooTransportConfig
 
 _here = Path(__file__).parent
 _spec = importlib.util.spec_from_file_location(

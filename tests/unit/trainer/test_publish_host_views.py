@@ -10,13 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gateway.transport.base import iter_packed
-from gateway.transport.config import GlooTransportConfig
-from gateway.transport.sharded import iter_packed_sharded
 from trainer.checkpoints.hf_io import load_hf_checkpoint
 from trainer.models.params import flat_params
 from trainer.publish import WeightPublisher
 from trainer.sharding import make_mesh
+from transport.base import iter_packed
+from transport.config import GlooTransportConfig
+from transport.sharded import iter_packed_sharded
 
 BUCKET = 48 * 1024  # several buckets for the tiny llama (about 0.3 MB in bf16)
 Q = "model.layers.0.self_attn.q_proj.weight"  # transposed by the mapping: "D N H" -> "(N H) D"

@@ -15,11 +15,11 @@ import time
 import pytest
 
 from gateway import messages as m
-from gateway.sync_plan import SyncPlan, SyncPlanError
-from gateway.transport.config import GlooTransportConfig
 from tests.unit.trainer.test_publish_silence import h
 from trainer.checkpoints.hf_io import load_hf_checkpoint
 from trainer.publish import PushError, WeightPublisher
+from transport.config import GlooTransportConfig
+from transport.sync_plan import SyncPlan, SyncPlanError
 
 RESET = "TransferError: receiving version 1 failed: Read error: Connection reset by peer"
 

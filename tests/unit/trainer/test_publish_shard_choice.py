@@ -5,9 +5,9 @@ transport or `tp_shards` off; and the sharded manifest's shard kinds for the tin
 
 import pytest
 
-from gateway.transport.config import FileTransportConfig, GlooTransportConfig, NcclTransportConfig
 from trainer.checkpoints.hf_io import load_hf_checkpoint
 from trainer.publish import WeightPublisher
+from transport.config import FileTransportConfig, GlooTransportConfig, NcclTransportConfig
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.transport.config import FileTransportConfig
 from trainer.checkpoints.hf_io import load_hf_checkpoint
 from trainer.publish import PushError, WeightPublisher
+from transport.config import FileTransportConfig
 
 _path = Path(__file__).parents[1] / "rollout_engine" / "worker_harness.py"
 _spec = importlib.util.spec_from_file_location("worker_harness", _path)

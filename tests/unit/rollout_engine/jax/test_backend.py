@@ -7,8 +7,6 @@ import threading
 import pytest
 from flax import nnx
 
-from gateway.transport.file import FileSender
-from gateway.transport.manifest import Manifest
 from mappings.apply import checkpoint_to_params
 from mappings.registry import get_family
 from rollout_engine.backend import SamplingConfig
@@ -20,6 +18,8 @@ from rollout_engine.jax.types import Request
 from trainer.checkpoints.hf_io import export_tensors, load_hf_checkpoint
 from trainer.checkpoints.tiny import make_tiny_checkpoint
 from trainer.models.params import model_from_params
+from transport.file import FileSender
+from transport.manifest import Manifest
 
 PROMPTS = [[5, 9, 30, 41], [7, 8], list(range(50, 70))]
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from gateway.transport.manifest import Manifest, ManifestError, check_manifest
-from rollout_engine.vllm.expected import checkpoint_tensors
+from transport.expected import checkpoint_tensors
+from transport.manifest import Manifest, ManifestError, check_manifest
 
 
 def test_checkpoint_tensors_reads_headers_only(tmp_path):
@@ -55,7 +55,7 @@ def test_importing_the_backend_registers_nothing_and_register_is_idempotent():
 def test_num_kv_heads_reads_config_json(tmp_path):
     import json
 
-    from rollout_engine.vllm.expected import num_kv_heads
+    from transport.expected import num_kv_heads
 
     cases = [
         ({"num_key_value_heads": 2, "num_attention_heads": 8}, 2),

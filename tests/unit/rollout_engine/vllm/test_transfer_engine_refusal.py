@@ -9,10 +9,10 @@ from unittest import mock
 import pytest
 import torch
 
-from gateway.transport.base import TransferError
-from gateway.transport.config import GlooTransportConfig
-from gateway.transport.factory import make_receiver, make_sender
-from gateway.transport.manifest import Manifest, ManifestError
+from transport.base import TransferError
+from transport.config import GlooTransportConfig
+from transport.factory import make_receiver, make_sender
+from transport.manifest import Manifest, ManifestError
 
 TIMEOUT_S = 6.0
 

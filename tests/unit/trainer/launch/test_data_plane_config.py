@@ -9,10 +9,10 @@ import socket
 import psutil
 import pytest
 
-from gateway.transport.factory import make_sender
 from trainer.config import ConfigError
 from trainer.launch.commands import data_plane_config
 from trainer.launch.job_config import load_job_config
+from transport.factory import make_sender
 
 
 def _free_port() -> int:

@@ -9,14 +9,14 @@ import sys
 import psutil
 import pytest
 
-from gateway.transport.collective import bind_listener, local_address_towards
+from transport.collective import bind_listener, local_address_towards
 
 # One rank of a push: "send HOST PORT COUNT" or "recv HOST PORT". Prints the store's port
 # (sender), then "pushed" once a 1 MB version moved, then holds the group until stdin closes.
 RANK = r"""
 import sys, torch
-from gateway.transport.gloo import GlooReceiver, GlooSender
-from gateway.transport.manifest import Manifest
+from transport.gloo import GlooReceiver, GlooSender
+from transport.manifest import Manifest
 role, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
 w = {"a.weight": torch.arange(262144, dtype=torch.float32)}
 manifest = Manifest.of(1, [("a.weight", (262144,))], "float32", 1 << 20)

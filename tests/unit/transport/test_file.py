@@ -6,11 +6,11 @@ import time
 import pytest
 import torch
 
-from gateway.transport.base import TransferError, iter_packed
-from gateway.transport.config import FileTransportConfig
-from gateway.transport.factory import make_receiver, make_sender
-from gateway.transport.file import version_dir
-from gateway.transport.manifest import Manifest, ManifestError
+from transport.base import TransferError, iter_packed
+from transport.config import FileTransportConfig
+from transport.factory import make_receiver, make_sender
+from transport.file import version_dir
+from transport.manifest import Manifest, ManifestError
 
 
 def _w(seed):

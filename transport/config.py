@@ -1,6 +1,6 @@
 """Transport settings, one pydantic model per kind, joined on the `kind` field.
 
-Imports no ML library: the gateway and the configs load it in milliseconds.
+Imports no ML library: the trainer's launcher and the configs load it in milliseconds.
 """
 
 from __future__ import annotations

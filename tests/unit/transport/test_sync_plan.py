@@ -3,8 +3,8 @@ params and engines outside the group are refused with errors that name what came
 
 import pytest
 
-from gateway.sync_plan import SyncPlan, SyncPlanError
-from gateway.transport.manifest import Manifest
+from transport.manifest import Manifest
+from transport.sync_plan import SyncPlan, SyncPlanError
 
 MANIFEST = Manifest.of(3, [("a.weight", (4, 2)), ("b.bias", (4,))], "bfloat16", 1024)
 TRANSPORT = {"kind": "gloo", "host": "127.0.0.1", "port": 4567, "timeout_s": 60.0}

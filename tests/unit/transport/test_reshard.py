@@ -8,7 +8,8 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from gateway.transport.reshard import apply_plan, fsdp_rows, plan, tp_slice
+from mappings.shards import tp_slice
+from transport.reshard import apply_plan, fsdp_rows, plan
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB = 64, 8, 2, 8, 128, 200
 SHAPES = {
@@ -152,9 +153,9 @@ def test_gloo_delivers_each_rank_only_what_vllm_takes(fsdp, dp, tp, engines, dty
 
     import torch
 
-    from gateway.transport.config import GlooTransportConfig
-    from gateway.transport.factory import make_receiver, make_sender
-    from gateway.transport.manifest import Manifest
+    from transport.config import GlooTransportConfig
+    from transport.factory import make_receiver, make_sender
+    from transport.manifest import Manifest
 
     arrays = {n: _jax_fsdp(FULL[n], fsdp, dp) for n in SHAPES}
     if fsdp > 1:

@@ -13,11 +13,11 @@ import torch
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from gateway.transport.base import TransferError, write_region
-from gateway.transport.config import GlooTransportConfig
-from gateway.transport.factory import make_receiver, make_sender
-from gateway.transport.manifest import Manifest, ManifestError
-from gateway.transport.reshard import tp_slice
+from mappings.shards import tp_slice
+from transport.base import TransferError, write_region
+from transport.config import GlooTransportConfig
+from transport.factory import make_receiver, make_sender
+from transport.manifest import Manifest, ManifestError
 
 
 def _group(num_receivers: int, timeout_s: float = 20.0):
@@ -165,7 +165,7 @@ def test_manifest_and_sync_plan_stay_free_of_numpy_at_import():
     import sys
 
     code = (
-        "import sys, gateway.transport.manifest, gateway.transport.reshard, gateway.sync_plan; "
+        "import sys, transport.manifest, transport.reshard, transport.sync_plan; "
         "bad = [m for m in ('numpy', 'torch', 'jax') if m in sys.modules]; "
         "assert not bad, bad"
     )

@@ -3,7 +3,8 @@
 A `Manifest` names every tensor of one version (HF checkpoint names, full shapes, the wire
 dtype) and the bucket size in bytes. Both ends compute the same partition into buckets from
 it (`Manifest.buckets`), so only the manifest itself ever needs to be agreed on. Pure Python:
-no torch, numpy or JAX at import time, so the gateway can carry manifests cheaply.
+no torch, numpy or JAX at import time, so an engine reads its sync plan before any ML library
+loads.
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gateway.transport.reshard import Region, ShardKind, tp_slice
-
-SHARD_KINDS = ("replicated", "column", "kv", "row", "vocab")
+from mappings.shards import SHARD_KINDS, Region, ShardKind, tp_slice
 
 # Bytes per element of each wire dtype, named as torch names them (`torch.<name>`).
 DTYPE_BYTES: dict[str, int] = {
@@ -46,7 +45,7 @@ class TensorSpec:
         shape: full (unsharded) shape, e.g. `(num_heads * head_dim, hidden)`.
         dtype: wire dtype as torch names it (`"bfloat16"`, `"float32"`, ...), a key of
             `DTYPE_BYTES`.
-        shard: how the engine's tensor parallelism splits it (`gateway.transport.reshard`);
+        shard: how the engine's tensor parallelism splits it (`transport.reshard`);
             used only when the manifest's `tp_size` > 1.
     """
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gateway.transport.base import WeightReceiver, WeightSender
-from gateway.transport.config import (
+from transport.base import WeightReceiver, WeightSender
+from transport.config import (
     FileTransportConfig,
     GlooTransportConfig,
     NcclTransportConfig,
@@ -15,17 +15,17 @@ def make_sender(cfg: TransportConfig, num_receivers: int = 1) -> WeightSender:
     """The trainer side. Collective kinds bind their rendezvous store now (port 0 picks one;
     read it back from `.port`); `num_receivers` counts receiving ranks (ignored for `file`)."""
     if isinstance(cfg, NcclTransportConfig):
-        from gateway.transport.nccl import NcclSender
+        from transport.nccl import NcclSender
 
         return NcclSender(
             cfg.host, cfg.port, num_receivers, cfg.timeout_s, cfg.device, cfg.port_count
         )
     if isinstance(cfg, GlooTransportConfig):
-        from gateway.transport.gloo import GlooSender
+        from transport.gloo import GlooSender
 
         return GlooSender(cfg.host, cfg.port, num_receivers, cfg.timeout_s, cfg.port_count)
     if isinstance(cfg, FileTransportConfig):
-        from gateway.transport.file import FileSender
+        from transport.file import FileSender
 
         return FileSender(cfg.root, cfg.keep)
     raise TypeError(f"expected a TransportConfig, got {type(cfg).__name__}")
@@ -34,15 +34,15 @@ def make_sender(cfg: TransportConfig, num_receivers: int = 1) -> WeightSender:
 def make_receiver(cfg: TransportConfig, rank: int = 1, world_size: int = 2) -> WeightReceiver:
     """The engine side: `rank` in 1..world_size-1 of the group (ignored for `file`)."""
     if isinstance(cfg, NcclTransportConfig):
-        from gateway.transport.nccl import NcclReceiver
+        from transport.nccl import NcclReceiver
 
         return NcclReceiver(cfg.host, cfg.port, rank, world_size, cfg.timeout_s, cfg.device)
     if isinstance(cfg, GlooTransportConfig):
-        from gateway.transport.gloo import GlooReceiver
+        from transport.gloo import GlooReceiver
 
         return GlooReceiver(cfg.host, cfg.port, rank, world_size, cfg.timeout_s)
     if isinstance(cfg, FileTransportConfig):
-        from gateway.transport.file import FileReceiver
+        from transport.file import FileReceiver
 
         return FileReceiver(cfg.root, cfg.timeout_s)
     raise TypeError(f"expected a TransportConfig, got {type(cfg).__name__}")

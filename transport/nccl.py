@@ -18,8 +18,8 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from gateway.transport.collective import _Group, rendezvous_store
-from gateway.transport.gloo import GlooReceiver, GlooSender
+from transport.collective import _Group, rendezvous_store
+from transport.gloo import GlooReceiver, GlooSender
 
 
 def _nccl_group(store: Any, rank: int, world_size: int, timeout_s: float, device: str) -> _Group:

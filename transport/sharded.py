@@ -5,14 +5,14 @@ A bucket splits in two parts:
 - its replicated tensors (norms), packed whole in one buffer that every receiver gets (a
   broadcast);
 - its sharded tensors, packed per TP rank: rank r's buffer holds, in bucket order, only the
-  region `Manifest.region(i, r)` of each (`gateway.transport.reshard.tp_slice`, exactly what
+  region `Manifest.region(i, r)` of each (`mappings.shards.tp_slice`, exactly what
   vLLM's loaders take for rank r), so each rank receives about 1/tp of those bytes.
 
 The sender fills a rank's buffer straight from the trainer's shards: for a JAX array sharded
 over the trainer's devices (FSDP), each shard's block that overlaps the rank's region
 (`reshard.pieces_for`) is copied into place, so no device ever holds a whole tensor. That is
 fan-in when a rank's region spans several trainer shards and fan-out when one trainer shard
-feeds several ranks. torch is imported lazily (the gateway imports the manifest module).
+feeds several ranks. torch is imported lazily, as in every transport module.
 """
 
 from __future__ import annotations
@@ -22,20 +22,20 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gateway.transport.base import (
+from mappings.shards import Region
+from transport.base import (
     Bucket,
     BufferPool,
     FreshBuffers,
     next_tensor,
     write_region,
 )
-from gateway.transport.manifest import (
+from transport.manifest import (
     DTYPE_BYTES,
     Manifest,
     ManifestError,
     aligned_offsets,
 )
-from gateway.transport.reshard import Region
 
 if TYPE_CHECKING:
     import torch

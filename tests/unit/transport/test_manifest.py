@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from gateway.transport.manifest import (
+from transport.manifest import (
     ALIGN,
     Manifest,
     ManifestError,
@@ -108,8 +108,8 @@ def test_sharded_manifest_round_trips_and_is_checked():
 
 def test_transport_modules_import_without_torch():
     code = (
-        "import sys, gateway.transport.factory, gateway.transport.gloo, gateway.transport.file, "
-        "gateway.transport.nccl, gateway.transport.reshard; "
+        "import sys, transport.factory, transport.gloo, transport.file, "
+        "transport.nccl, transport.reshard; "
         "bad = [m for m in ('torch', 'jax', 'vllm') if m in sys.modules]; "
         "assert not bad, bad"
     )

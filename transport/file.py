@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from gateway.transport.base import (
+from transport.base import (
     OnBucket,
     SendStats,
     TransferError,
@@ -24,7 +24,7 @@ from gateway.transport.base import (
     WeightSender,
     as_torch,
 )
-from gateway.transport.manifest import Manifest, ManifestError
+from transport.manifest import Manifest, ManifestError
 
 
 def version_dir(root: str | os.PathLike, version: int) -> Path:

@@ -6,7 +6,7 @@ The params are a flat `dict[str, str]` (the gateway carries them opaquely):
 
 | key | value |
 | --- | --- |
-| `transport` | JSON of a `gateway.transport.config.TransportConfig` (the bound port filled in) |
+| `transport` | JSON of a `transport.config.TransportConfig` (the bound port filled in) |
 | `manifest` | `Manifest.to_json()`: version, names, shapes, wire dtype, bucket size (+) |
 | `ranks` | JSON `{engine_id: group rank of the engine's TP rank 0}` (ranks start at 1) |
 | `world_size` | group size: 1 sender + every receiving TP rank |
@@ -14,7 +14,7 @@ The params are a flat `dict[str, str]` (the gateway carries them opaquely):
 
 (+) A sharded manifest also carries `tp_size`, `num_kv_heads` and each tensor's shard kind.
 
-Pure Python (no torch, numpy or JAX): the gateway process may import it.
+Pure Python (no torch, numpy or JAX at import time); the gateway itself never imports it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.transport.manifest import Manifest, ManifestError
+from transport.manifest import Manifest, ManifestError
 
 KEYS = ("transport", "manifest", "ranks", "world_size", "group")
 

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from gateway.transport.base import TransferError
-from gateway.transport.config import GlooTransportConfig
-from gateway.transport.factory import make_receiver, make_sender
-from gateway.transport.manifest import Manifest, ManifestError
+from transport.base import TransferError
+from transport.config import GlooTransportConfig
+from transport.factory import make_receiver, make_sender
+from transport.manifest import Manifest, ManifestError
 
 
 def _weights(seed: int) -> dict[str, torch.Tensor]:
@@ -93,7 +93,7 @@ def test_numpy_jax_and_bf16_sources(group):
     import jax.numpy as jnp
     import ml_dtypes
 
-    from gateway.transport.base import as_torch
+    from transport.base import as_torch
 
     sender, receivers = group
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
@@ -200,8 +200,8 @@ def test_receiver_times_out_without_a_sender():
 
 
 def test_sender_reuses_one_bucket_buffer_across_buckets_and_pushes(group):
-    from gateway.transport.base import BufferPool
-    from gateway.transport.manifest import bucket_layout
+    from transport.base import BufferPool
+    from transport.manifest import bucket_layout
 
     pool = BufferPool()
     a = pool.get("x", 100)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from gateway.transport.collective import (
+from transport.collective import (
     CollectiveReceiver,
     CollectiveSender,
     _Group,

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from gateway.transport.base import (
+from transport.base import (
     BufferPool,
     OnBucket,
     SendStats,
@@ -35,9 +35,9 @@ from gateway.transport.base import (
     iter_packed,
     unpack,
 )
-from gateway.transport.manifest import Manifest, ManifestError, bucket_layout
-from gateway.transport.reshard import tp_rank_of
-from gateway.transport.sharded import iter_packed_sharded, rank_layout, split_bucket, unpack_rank
+from transport.manifest import Manifest, ManifestError, bucket_layout
+from transport.reshard import tp_rank_of
+from transport.sharded import iter_packed_sharded, rank_layout, split_bucket, unpack_rank
 
 if TYPE_CHECKING:
     import torch

@@ -7,13 +7,14 @@ Protocol, the same for every transport:
 3. the sender streams the buckets (`Manifest.buckets`), each packed into one byte buffer
    (`bucket_layout`), or for a sharded manifest (`Manifest.tp_size` > 1, collective
    transports only) into one buffer of its replicated tensors plus one per TP rank
-   (`gateway.transport.sharded`), and each receiver hands every bucket to its `on_bucket`
+   (`transport.sharded`), and each receiver hands every bucket to its `on_bucket`
    callback;
 4. the version is committed only when every receiver has had every bucket loaded without
    error: `send` returns and `receive` returns only then; otherwise both raise
    `TransferError`.
 
-torch is imported lazily inside the helpers, never at module import (the gateway imports this).
+torch is imported lazily inside the helpers, never at module import (a test holds every
+transport module to that).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gateway.transport.manifest import Manifest, ManifestError, bucket_layout
-from gateway.transport.reshard import Region, pieces_for
+from mappings.shards import Region
+from transport.manifest import Manifest, ManifestError, bucket_layout
+from transport.reshard import pieces_for
 
 if TYPE_CHECKING:
     import torch
