@@ -1,4 +1,5 @@
-"""Shared pytest set-up: 8 host devices for mesh tests, marker enforcement for gpu/vllm."""
+"""Shared pytest set-up: 8 host devices for mesh tests, marker enforcement for gpu/vllm, and
+the families of mappings/families/ as test parameters (`family_variant`, `family_name`)."""
 
 import importlib.util
 import os
@@ -40,7 +41,12 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory):
 
     built: dict[tuple, object] = {}
 
-    def get(variant: str = "llama", seed: int = 0, **overrides):
+    def get(variant: str | None = "llama", seed: int = 0, **overrides):
+        if variant is None:  # a `family_variant` case of a family with no tiny checkpoint
+            pytest.fail(
+                "this family has no tiny checkpoint: add a trainer.checkpoints.tiny.TINY_CONFIGS "
+                "entry whose model_type is one of the family's model_types"
+            )
         key = (variant, seed, tuple(sorted(overrides.items())))
         if key not in built:
             folder = tmp_path_factory.mktemp(f"tiny-{variant}-{seed}")
@@ -48,3 +54,32 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory):
         return built[key]
 
     return get
+
+
+def family_variants() -> list[tuple[str, str | None]]:
+    """(family, tiny variant) for every family module of mappings/families/ and every
+    `TINY_CONFIGS` variant whose `model_type` selects it (`mappings.registry.model_types`);
+    a family no variant selects gets one pair (family, None), whose tests fail."""
+    from mappings.registry import available_families, model_types
+    from trainer.checkpoints.tiny import TINY_CONFIGS
+
+    table = model_types()
+    pairs: list[tuple[str, str | None]] = []
+    for family in available_families():
+        variants = sorted(
+            v for v, c in TINY_CONFIGS.items() if table.get(c["model_type"]) == family
+        )
+        pairs += [(family, v) for v in variants] or [(family, None)]
+    return pairs
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test that takes `family_variant` runs on every pair of `family_variants()`, and one
+    that takes `family_name` once per family: so every shared test covers a new family file."""
+    if "family_variant" in metafunc.fixturenames:
+        pairs = family_variants()
+        metafunc.parametrize("family_variant", pairs, ids=[f"{f}-{v}" for f, v in pairs])
+    if "family_name" in metafunc.fixturenames:
+        from mappings.registry import available_families
+
+        metafunc.parametrize("family_name", available_families())
