@@ -22,6 +22,7 @@ import time
 
 import jax
 import torch
+from common import memcpy_gb_per_s
 from flax import nnx
 from pydantic import TypeAdapter
 
@@ -96,18 +97,6 @@ class SinkBackend(RolloutBackend):
 
     async def shutdown(self) -> None:
         return None
-
-
-def memcpy_gb_per_s(num_bytes: int, repeats: int) -> float:
-    """Median GB/s of copying `num_bytes` between two torch buffers."""
-    src = torch.ones(num_bytes, dtype=torch.uint8)
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - t0)
-    return num_bytes / statistics.median(times) / 1e9
 
 
 def main() -> None:
