@@ -28,7 +28,7 @@ from pydantic import TypeAdapter
 
 from gateway import messages as m
 from gateway.client import GatewayClient
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, RunSettings
 from gateway.server import GatewayServer
 from gateway.transport.config import GlooTransportConfig, TransportConfig
 from gateway.transport.factory import make_receiver
@@ -109,7 +109,9 @@ def main() -> None:
     cfg = ModelConfig.from_hf(SMOLLM2_135M, dtype="float32")
     model = Decoder(cfg, rngs=nnx.Rngs(0))
     jax.block_until_ready(nnx.state(model))
-    server = GatewayServer(GatewayConfig(model_family="llama"), TOKENS).start()
+    server = GatewayServer(
+        GatewayConfig(settings=RunSettings(model_family="llama")), TOKENS
+    ).start()
     trainer = GatewayClient(server.address, TOKENS["trainer"])
     engine = GatewayClient(server.address, TOKENS["engine"])
     spec = m.EngineSpec("jax", "llama", args.dtype, ("gloo",))

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from gateway.admission import WaitSlots
 from gateway.config import GatewayConfig
+from gateway.convert import settings_to_pb
 from gateway.errors import (
     FAILED_PRECONDITION,
     NOT_FOUND,
@@ -65,14 +66,7 @@ class GatewayState:
         self._engines: dict[str, Engine] = {}
         self._lost: set[str] = set()
         self._next_engine = 0
-        self._settings = gpb.RunSettings(
-            model_family=config.model_family,
-            mapping=config.mapping,
-            dtype=config.dtype,
-            transport=config.transport,
-            rendezvous_address=config.rendezvous_address,
-            backends=list(config.backends),
-        )
+        self._settings = settings_to_pb(config.settings)
         # source -> (step, clock s, values); oldest report first, at most max_metric_sources
         self._metrics: collections.OrderedDict[str, tuple[int, float, dict[str, float]]] = (
             collections.OrderedDict()

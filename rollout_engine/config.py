@@ -1,7 +1,9 @@
 """Settings of one rollout engine process: the worker loop, the backend and the gateway.
 
-Imports no ML library (pydantic only), so `python -m rollout_engine --help` answers at once and
-a launcher can validate an engine's config before anything heavy starts.
+Imports no ML library (pydantic, and the family registry of `mappings`), so `python -m
+rollout_engine --help` answers at once and a launcher can validate an engine's config before
+anything heavy starts. `VllmOptions` and `JaxOptions` are the one home of the backends'
+options: `VllmBackendConfig` and `JaxBackendConfig` extend them.
 """
 
 from __future__ import annotations

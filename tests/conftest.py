@@ -19,9 +19,26 @@ def _has_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """`--require-vllm`: a `vllm` test fails (not skips) where vLLM is absent."""
+    parser.addoption(
+        "--require-vllm",
+        action="store_true",
+        help="fail the vllm tests when vllm is not installed (on by default when CI is set)",
+    )
+
+
+def _vllm_required(config: pytest.Config) -> bool:
+    """In CI (env CI set and not "false"/"0") or with --require-vllm, vLLM must be there."""
+    ci = os.environ.get("CI", "").strip().lower() not in ("", "0", "false")
+    return ci or bool(config.getoption("--require-vllm"))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip `gpu` tests where no CUDA device is visible, and `vllm` tests where vLLM is absent."""
+    """Skip `gpu` tests where no CUDA device is visible, and `vllm` tests where vLLM is absent
+    (in CI, or with --require-vllm, those fail instead: a missing vLLM must not pass)."""
     has_vllm = importlib.util.find_spec("vllm") is not None
+    required = _vllm_required(config)
     has_cuda = None
     for item in items:
         if "gpu" in item.keywords:
@@ -30,7 +47,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if not has_cuda:
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU; none is visible"))
         if "vllm" in item.keywords and not has_vllm:
-            item.add_marker(pytest.mark.skip(reason="vllm is not installed (run scripts/setup.sh)"))
+            if required:
+                item.add_marker(pytest.mark.needs_missing_vllm)
+            else:
+                item.add_marker(
+                    pytest.mark.skip(reason="vllm is not installed (run scripts/setup.sh)")
+                )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Fail, before any fixture starts, a vllm test that must run where vLLM is absent."""
+    if "needs_missing_vllm" in item.keywords:
+        pytest.fail(
+            "vllm is not installed, and this run requires it (CI is set, or --require-vllm): "
+            "install it (scripts/setup.sh) instead of skipping the vllm tests"
+        )
 
 
 @pytest.fixture(scope="session")
