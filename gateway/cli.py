@@ -74,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _overrides(items: list[str]) -> dict[str, object]:
     """`FIELD=VALUE` strings as GatewayConfig keyword arguments (or `RunSettings` ones, which
-`_serve` puts in its `settings`), each VALUE of its field's type.
+    `_serve` puts in its `settings`), each VALUE of its field's type.
 
     Raises:
         SystemExit: an item is not FIELD=VALUE, names no field, or is of the wrong type.
