@@ -35,7 +35,7 @@ from gateway.negotiate import check_register, negotiate
 from gateway.status import StatusSnapshot, build_status
 from gateway.validate import check_id, check_min_version, check_prompt, check_timeout
 from gateway.versions import Engine, Versions, check_wait, settled, wait_reply
-from gateway.work_queue import Lease, ReturnOutcome, WorkQueue
+from gateway.work_queue import ReturnOutcome, WorkQueue
 from protos import gateway_pb2 as gpb
 
 log = logging.getLogger(__name__)
@@ -548,14 +548,3 @@ class GatewayState:
             rates=tuple(self._rates),
             metrics={k: (st, t, dict(v)) for k, (st, t, v) in self._metrics.items()},
         )
-
-    def engine(self, engine_id: str) -> Engine | None:
-        """A copy of the record of `engine_id`, or None (for tests and tools)."""
-        with self._cv:
-            e = self._engines.get(engine_id)
-            return None if e is None else copy.copy(e)
-
-    def leases(self) -> list[Lease]:
-        """The open leases (for tests and status)."""
-        with self._cv:
-            return list(self.queue.leases.values())

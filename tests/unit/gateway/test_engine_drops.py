@@ -181,7 +181,7 @@ def test_sigkill_during_the_heartbeat_long_poll_drops_the_engine_at_once(gw, tmp
         )  # fmt: skip
         engine_id, leased = proc.stdout.readline().split()
         assert int(leased) == 2
-        while srv.state.engine(engine_id).in_calls == 0:  # its long poll is not in yet
+        while srv.state._engines[engine_id].in_calls == 0:  # its long poll is not in yet
             time.sleep(0.02)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
