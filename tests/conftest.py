@@ -104,12 +104,33 @@ def family_variants() -> list[tuple[str, str | None]]:
     return pairs
 
 
+def family_mapping_cases() -> list[tuple[str, str | None]]:
+    """The pairs of `family_variants()` that take different paths through a family's mapping:
+    per family, the first variant of each `tie_word_embeddings` value (a tied checkpoint has
+    no LM head to send). For the tests that start an engine per case."""
+    from trainer.checkpoints.tiny import TINY_CONFIGS
+
+    seen: set[tuple[str, bool]] = set()
+    cases = []
+    for family, variant in family_variants():
+        tied = variant is not None and bool(TINY_CONFIGS[variant].get("tie_word_embeddings"))
+        if (family, tied) not in seen:
+            seen.add((family, tied))
+            cases.append((family, variant))
+    return cases
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """A test that takes `family_variant` runs on every pair of `family_variants()`, and one
-    that takes `family_name` once per family: so every shared test covers a new family file."""
-    if "family_variant" in metafunc.fixturenames:
-        pairs = family_variants()
-        metafunc.parametrize("family_variant", pairs, ids=[f"{f}-{v}" for f, v in pairs])
+    """A test that takes `family_variant` runs on every pair of `family_variants()`, one that
+    takes `family_case` on `family_mapping_cases()`, and one that takes `family_name` once per
+    family: so every shared test covers a new family file."""
+    for name, pairs in (
+        ("family_variant", family_variants),
+        ("family_case", family_mapping_cases),
+    ):
+        if name in metafunc.fixturenames:
+            got = pairs()
+            metafunc.parametrize(name, got, ids=[f"{f}-{v}" for f, v in got])
     if "family_name" in metafunc.fixturenames:
         from mappings.registry import available_families
 

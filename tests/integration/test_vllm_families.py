@@ -6,9 +6,10 @@ gateway, vLLM's greedy tokens equal transformers' for B and its log-probs of the
 sampled at temperature 0.7 equal transformers' `log_softmax(logits / 0.7)` within 1e-4; every
 rollout carries version 1.
 
-The cases come from `family_variant` (tests/conftest.py): every tiny checkpoint variant of
-every family file, so a new family is tested here without editing this file. Plain Llama is
-left to test_engine_end_to_end.py, which pushes it the same way. One engine per case.
+The cases come from `family_case` (tests/conftest.py): for every family file, a tiny
+checkpoint of each kind of head it has (tied, untied), so a new family is tested here without
+editing this file (llama: untied "llama" and tied "llama3"; the rest one each). One engine
+per case, five in all, as many as before.
 """
 
 import importlib.util
@@ -47,10 +48,8 @@ def _submit(trainer, prompts: list[m.Prompt]) -> dict[str, m.RolloutGroup]:
     return {g.sample_id: g for g in groups}
 
 
-def test_publisher_push_into_vllm_matches_transformers(family_variant, tiny_checkpoint, tmp_path):
-    family, variant = family_variant
-    if variant == "llama":
-        pytest.skip("plain llama: test_engine_end_to_end.py pushes it through WeightPublisher")
+def test_publisher_push_into_vllm_matches_transformers(family_case, tiny_checkpoint, tmp_path):
+    family, variant = family_case
     a, b = tiny_checkpoint(variant, seed=1), tiny_checkpoint(variant, seed=2)
     cfg_b, decoder_b = load_hf_checkpoint(b, dtype="float32")
     assert cfg_b.family == family
