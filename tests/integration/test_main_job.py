@@ -4,8 +4,8 @@ leaves no process behind.
 
 Checked from the run folder: weight versions advance 1..steps, every engine ends on the last
 version, metrics.jsonl (with the train step's sampler KL) and TensorBoard events and the plot
-are written, held-out accuracy at versions 0 and `steps` is the mean of the 0/1 rewards written
-per problem, and no rollout is lost: prompts submitted = groups trained + filtered + in flight
+are written, held-out accuracy at versions 0 and `steps` is the mean of the rewards written per
+problem, and no rollout is lost: prompts submitted = groups trained + filtered + in flight
 at the stop, and every group in flight at the stop came back (fetched and waiting in the
 trainer, or taken back by the final evaluation).
 """
@@ -85,9 +85,8 @@ def test_smoke_job_end_to_end(tmp_path, backend):
         assert (result["version"], result["problems"], result["samples"]) == (version, EVAL, 1)
         rows = _rows(run_dir / f"eval_{tag}.jsonl")
         assert len(rows) == EVAL and all(len(r["rewards"]) == 1 for r in rows)  # one sample each
-        # the reported accuracy is the mean of the 0/1 rewards written per problem
+        # the reported accuracy is the mean of the rewards written per problem
         rewards = [x for r in rows for x in r["rewards"]]
-        assert set(rewards) <= {0.0, 1.0}
         assert result["accuracy"] == pytest.approx(sum(rewards) / EVAL, abs=1e-12)
     assert Path(summary["plot"]).read_bytes()[:4] == b"\x89PNG"
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
