@@ -27,6 +27,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from common import model_path
 from flax import nnx
 
 from rollout_engine.jax.batcher import BatcherConfig, ContinuousBatcher
@@ -35,19 +36,6 @@ from rollout_engine.jax.sampling import SamplingConfig
 from rollout_engine.jax.stops import StopConfig
 from rollout_engine.jax.types import Request
 from trainer.checkpoints.hf_io import load_hf_checkpoint
-
-
-def model_path(name: str, tmp: Path) -> Path:
-    """The HF folder of ``name``: "tiny" (a random tiny llama), "smollm2", or a folder."""
-    if name == "tiny":
-        from trainer.checkpoints.tiny import make_tiny_checkpoint
-
-        return make_tiny_checkpoint(tmp / "tiny", "llama", vocab_size=320)
-    if name == "smollm2":
-        from trainer.checkpoints.smollm2 import ensure_smollm2
-
-        return ensure_smollm2()
-    return Path(name)
 
 
 def make_prompts(n: int, vocab: int, seed: int = 0) -> list[tuple[int, ...]]:

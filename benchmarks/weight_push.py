@@ -22,12 +22,13 @@ import time
 
 import jax
 import torch
+from common import memcpy_gb_per_s
 from flax import nnx
 from pydantic import TypeAdapter
 
 from gateway import messages as m
 from gateway.client import GatewayClient
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, RunSettings
 from gateway.server import GatewayServer
 from rollout_engine.backend import RolloutBackend, UpdateStats
 from rollout_engine.config import WorkerConfig
@@ -98,18 +99,6 @@ class SinkBackend(RolloutBackend):
         return None
 
 
-def memcpy_gb_per_s(num_bytes: int, repeats: int) -> float:
-    """Median GB/s of copying `num_bytes` between two torch buffers."""
-    src = torch.ones(num_bytes, dtype=torch.uint8)
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - t0)
-    return num_bytes / statistics.median(times) / 1e9
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
@@ -120,7 +109,9 @@ def main() -> None:
     cfg = ModelConfig.from_hf(SMOLLM2_135M, dtype="float32")
     model = Decoder(cfg, rngs=nnx.Rngs(0))
     jax.block_until_ready(nnx.state(model))
-    server = GatewayServer(GatewayConfig(model_family="llama"), TOKENS).start()
+    server = GatewayServer(
+        GatewayConfig(settings=RunSettings(model_family="llama")), TOKENS
+    ).start()
     trainer = GatewayClient(server.address, TOKENS["trainer"])
     engine = GatewayClient(server.address, TOKENS["engine"])
     spec = m.EngineSpec("jax", "llama", args.dtype, ("gloo",))

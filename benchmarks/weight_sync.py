@@ -61,7 +61,7 @@ from typing import Any
 
 import numpy as np
 import psutil
-import torch
+from common import memcpy_gb_per_s
 
 from gateway import messages as m
 from gateway.auth import write_tokens
@@ -229,19 +229,6 @@ def serve_one(trainer: GatewayClient, sample_id: str, version: int) -> None:
     (c,) = group.completions
     if (c.version_start, c.version_end, len(c.token_ids)) != (version, version, 8):
         raise RuntimeError(f"served {c} at version {version}: expected 8 tokens at {version}")
-
-
-def memcpy_gb_per_s(num_bytes: int, repeats: int = 3) -> float:
-    """Median GB/s (1e9 bytes) of copying `num_bytes` between two preallocated torch buffers."""
-    src = torch.ones(num_bytes, dtype=torch.uint8)
-    dst = torch.empty_like(src)
-    dst.copy_(src)  # touch the pages
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - t0)
-    return num_bytes / statistics.median(times) / 1e9
 
 
 def rank_bytes(manifest: Manifest, tp: int) -> list[int]:

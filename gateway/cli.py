@@ -7,13 +7,14 @@ second.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import signal
 import sys
 from pathlib import Path
 
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, RunSettings
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -72,14 +73,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _overrides(items: list[str]) -> dict[str, object]:
-    """`FIELD=VALUE` strings as GatewayConfig keyword arguments, each VALUE of its field's type.
+    """`FIELD=VALUE` strings as GatewayConfig keyword arguments (or `RunSettings` ones, which
+    `_serve` puts in its `settings`), each VALUE of its field's type.
 
     Raises:
         SystemExit: an item is not FIELD=VALUE, names no field, or is of the wrong type.
     """
-    import dataclasses
-
-    fields = {f.name: f for f in dataclasses.fields(GatewayConfig)}
+    fields = {f.name: f for f in dataclasses.fields(GatewayConfig) if f.name != "settings"}
+    fields |= {f.name: f for f in dataclasses.fields(RunSettings)}
     out: dict[str, object] = {}
     for item in items:
         name, sep, value = item.partition("=")
@@ -114,14 +115,19 @@ def _config(args: argparse.Namespace) -> GatewayConfig:
         rollout_capacity=args.rollout_capacity,
         max_wait_s=args.max_wait,
         max_message_bytes=args.max_message_mb * 1024 * 1024,
-        model_family=args.family,
-        mapping=args.mapping,
-        dtype=args.dtype,
-        transport=args.transport,
-        rendezvous_address=args.rendezvous,
-        backends=tuple(b for b in args.backends.split(",") if b),
+        settings=RunSettings(
+            model_family=args.family,
+            mapping=args.mapping,
+            dtype=args.dtype,
+            transport=args.transport,
+            rendezvous_address=args.rendezvous,
+            backends=tuple(b for b in args.backends.split(",") if b),
+        ),
     )
-    return GatewayConfig(**{**flags, **_overrides(args.set)})  # type: ignore[arg-type]
+    overrides = _overrides(args.set)
+    run = {k: overrides.pop(k) for k in list(overrides) if k in RunSettings.__dataclass_fields__}
+    flags["settings"] = dataclasses.replace(flags["settings"], **run)  # type: ignore[arg-type]
+    return GatewayConfig(**{**flags, **overrides})  # type: ignore[arg-type]
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -1,4 +1,5 @@
-"""Server settings: lease and heartbeat timing, queue bounds, message limits, run defaults.
+"""Server settings: lease and heartbeat timing, queue bounds, message limits, and the run
+settings (`RunSettings`, also the Configure message) it starts with.
 
 Imports nothing heavy; `python -m gateway serve` builds one from its flags.
 """
@@ -7,6 +8,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """The run's settings as the trainer configures them (empty: not decided): the model
+    family, its mapping (empty: the family's own), the wire dtype, the data-plane transport,
+    its rendezvous address (HOST:PORT) and the engine backends the run accepts."""
+
+    model_family: str = ""
+    mapping: str = ""
+    dtype: str = ""
+    transport: str = ""
+    rendezvous_address: str = ""
+    backends: tuple[str, ...] = ()
+
 
 _AT_LEAST_ONE = (
     "max_pending_prompts",
@@ -75,8 +91,8 @@ class GatewayConfig:
         min_version_ahead: a prompt's `min_version` may exceed the current weight version by
             at most this (>= 0): the trainer publishes a version before (or, at most, while)
             it submits for it.
-        model_family, mapping, dtype, transport, rendezvous_address, backends: the run's
-            settings before the trainer calls Configure (empty: not decided).
+        settings: the run's settings before the trainer calls Configure (empty fields: not
+            decided).
     """
 
     lease_seconds: float = 600.0
@@ -102,12 +118,7 @@ class GatewayConfig:
     max_long_polls: int = 0
     max_heartbeat_polls: int = 0
     min_version_ahead: int = 1
-    model_family: str = ""
-    mapping: str = ""
-    dtype: str = ""
-    transport: str = ""
-    rendezvous_address: str = ""
-    backends: tuple[str, ...] = ()
+    settings: RunSettings = dataclasses.field(default_factory=lambda: RunSettings())
 
     def __post_init__(self) -> None:
         for name in ("lease_seconds", "heartbeat_timeout_s", "max_wait_s"):

@@ -11,6 +11,8 @@ import dataclasses
 
 import numpy as np
 
+from gateway.config import RunSettings  # the Configure message; defined beside the server config
+
 FINISH_REASONS = ("stop", "length", "abort")
 SYNC_PHASES = ("ready", "loaded", "failed")
 
@@ -86,18 +88,6 @@ class RolloutGroup:
     prompt: Prompt | None = None
     queue_s: float = 0.0
     lease_s: float = 0.0
-
-
-@dataclasses.dataclass(frozen=True)
-class RunSettings:
-    """The run's settings as the trainer configures them (empty: not decided)."""
-
-    model_family: str = ""
-    mapping: str = ""
-    dtype: str = ""
-    transport: str = ""
-    rendezvous_address: str = ""
-    backends: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

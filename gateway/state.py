@@ -10,6 +10,7 @@ overdue leases; every call runs it, and the server also runs it on a timer.
 from __future__ import annotations
 
 import collections
+import copy
 import hmac
 import logging
 import threading
@@ -18,6 +19,7 @@ from collections.abc import Callable
 
 from gateway.admission import WaitSlots
 from gateway.config import GatewayConfig
+from gateway.convert import settings_to_pb
 from gateway.errors import (
     FAILED_PRECONDITION,
     NOT_FOUND,
@@ -30,9 +32,10 @@ from gateway.errors import (
 )
 from gateway.events import EventLog
 from gateway.negotiate import check_register, negotiate
+from gateway.status import StatusSnapshot, build_status
 from gateway.validate import check_id, check_min_version, check_prompt, check_timeout
-from gateway.versions import Engine, VersionsMixin
-from gateway.work_queue import Lease, ReturnOutcome, WorkQueue
+from gateway.versions import Engine, Versions, check_wait, settled, wait_reply
+from gateway.work_queue import ReturnOutcome, WorkQueue
 from protos import gateway_pb2 as gpb
 
 log = logging.getLogger(__name__)
@@ -40,8 +43,13 @@ log = logging.getLogger(__name__)
 _RATE_WINDOW_S = 60.0
 
 
-class GatewayState(VersionsMixin):
-    """Thread-safe gateway logic; each public method is one RPC (see protos/gateway.proto)."""
+class GatewayState:
+    """Thread-safe gateway logic; each public method is one RPC (see protos/gateway.proto).
+
+    It holds its parts: `versions` (the published weight version, `gateway.versions`) and
+    `queue` (prompts, leases and finished groups, `gateway.work_queue`); the engines, run
+    settings, metrics and rates are its own. Every call takes the one lock.
+    """
 
     def __init__(
         self,
@@ -52,22 +60,13 @@ class GatewayState(VersionsMixin):
         self.config = config
         self._clock = clock
         self.events = events or EventLog()
-        self._publish_seq = 0
         self._cv = threading.Condition()
-        self._queue = WorkQueue(config.max_pending_prompts, config.rollout_capacity)
+        self.versions = Versions(self.events)
+        self.queue = WorkQueue(config.max_pending_prompts, config.rollout_capacity)
         self._engines: dict[str, Engine] = {}
         self._lost: set[str] = set()
         self._next_engine = 0
-        self._version = 0
-        self._sync_params: dict[str, str] = {}
-        self._settings = gpb.RunSettings(
-            model_family=config.model_family,
-            mapping=config.mapping,
-            dtype=config.dtype,
-            transport=config.transport,
-            rendezvous_address=config.rendezvous_address,
-            backends=list(config.backends),
-        )
+        self._settings = settings_to_pb(config.settings)
         # source -> (step, clock s, values); oldest report first, at most max_metric_sources
         self._metrics: collections.OrderedDict[str, tuple[int, float, dict[str, float]]] = (
             collections.OrderedDict()
@@ -140,11 +139,11 @@ class GatewayState(VersionsMixin):
                     f"engine {engine.engine_id!r} missed heartbeats "
                     f"for {self.config.heartbeat_timeout_s} s; its lease expired",
                 )
-                self._queue.counters["engines_lost"] += 1
+                self.queue.counters["engines_lost"] += 1
                 changed = True
-        for lease in list(self._queue.leases.values()):
+        for lease in list(self.queue.leases.values()):
             if now > lease.deadline:
-                self._queue.expire(
+                self.queue.expire(
                     lease,
                     f"lease {lease.lease_id!r} passed its deadline of "
                     f"{self.config.lease_seconds} s and expired",
@@ -158,9 +157,9 @@ class GatewayState(VersionsMixin):
         """Remove `engine` and send its leased prompts back to the front of the queue at
         once; logs `dropped` then `leases_requeued`. Returns the prompts requeued."""
         n = 0
-        leases = [x for x in self._queue.leases.values() if x.engine_id == engine.engine_id]
+        leases = [x for x in self.queue.leases.values() if x.engine_id == engine.engine_id]
         for lease in leases:
-            n += self._queue.expire(lease, reason)
+            n += self.queue.expire(lease, reason)
         del self._engines[engine.engine_id]
         self._lost.add(engine.engine_id)
         log.warning("dropped %s: %s (%d prompts back to the queue)", engine.engine_id, reason, n)
@@ -176,7 +175,7 @@ class GatewayState(VersionsMixin):
     def count_rejected(self) -> None:
         """Count one refused request (shown in the status counters)."""
         with self._cv:
-            self._queue.counters["requests_rejected"] += 1
+            self.queue.counters["requests_rejected"] += 1
 
     def peer_lost(self, engine_id: str, key: str, reason: str) -> bool:
         """Drop `engine_id` now because its connection broke (a long poll of it was cancelled
@@ -192,7 +191,7 @@ class GatewayState(VersionsMixin):
             if not hmac.compare_digest(key.encode(), engine.key.encode()):
                 return False
             self._drop_engine(engine, reason)
-            self._queue.counters["engines_lost"] += 1
+            self.queue.counters["engines_lost"] += 1
             self._cv.notify_all()
             return True
 
@@ -216,18 +215,20 @@ class GatewayState(VersionsMixin):
                         f"got {shown(new)}",
                     )
             self._settings.CopyFrom(settings)
-            return gpb.ConfigureReply(settings=self._settings, current_version=self._version)
+            return gpb.ConfigureReply(
+                settings=self._settings, current_version=self.versions.current
+            )
 
     def register(self, req: gpb.RegisterRequest) -> gpb.RegisterReply:
         """Register an engine, or refuse it with a reason (see `gateway.negotiate`)."""
         with self._cv:
             self._open()
             self._reap_locked()
-            check_register(req, self._version)
+            check_register(req, self.versions.current)
             decision = negotiate(self._settings, req)
             cfg = self.config
             reply = gpb.RegisterReply(
-                current_version=self._version,
+                current_version=self.versions.current,
                 heartbeat_interval_s=cfg.heartbeat_every_s,
                 heartbeat_timeout_s=cfg.heartbeat_timeout_s,
                 lease_seconds=cfg.lease_seconds,
@@ -246,18 +247,18 @@ class GatewayState(VersionsMixin):
             engine_id = f"{(req.name or req.backend)[:64]}-{self._next_engine}"
             engine = Engine(engine_id, req, req.weight_version, self._clock())
             # An engine that joins behind the current version leases only once it loaded it.
-            engine.must_reach = self._version
-            engine.offered_seq = self._publish_seq
+            engine.must_reach = self.versions.current
+            engine.offered_seq = self.versions.seq
             self._engines[engine_id] = engine
             self.events.emit(
                 "registered",
                 engine=engine_id,
                 weight_version=req.weight_version,
-                current=self._version,
+                current=self.versions.current,
             )
             reply.accepted, reply.engine_id, reply.engine_key = True, engine_id, engine.key
             reply.settings.CopyFrom(decision.settings)
-            reply.sync.CopyFrom(self._directive(engine))
+            reply.sync.CopyFrom(self.versions.directive(engine))
             return reply
 
     def heartbeat(self, req: gpb.HeartbeatRequest) -> gpb.HeartbeatReply:
@@ -271,8 +272,8 @@ class GatewayState(VersionsMixin):
             engine.in_calls += 1
 
             def news() -> bool:
-                d = self._directive(engine)
-                replanned = d.pending and engine.offered_seq < self._publish_seq
+                d = self.versions.directive(engine)
+                replanned = d.pending and engine.offered_seq < self.versions.seq
                 return d.target_version > req.known_target or replanned
 
             try:
@@ -280,11 +281,11 @@ class GatewayState(VersionsMixin):
             finally:
                 engine.in_calls -= 1
                 engine.last_seen = self._clock()
-            if self._directive(engine).pending:
-                engine.offered_seq = self._publish_seq
+            if self.versions.directive(engine).pending:
+                engine.offered_seq = self.versions.seq
             return gpb.HeartbeatReply(
-                sync=self._directive(engine),
-                current_version=self._version,
+                sync=self.versions.directive(engine),
+                current_version=self.versions.current,
                 shutting_down=self.shutting_down,
             )
 
@@ -323,21 +324,21 @@ class GatewayState(VersionsMixin):
             engine.in_calls += 1
             try:
                 self._wait(
-                    lambda: (
-                        engine.caught_up and all(self._queue.could_lease(engine.weight_version))
-                    ),
+                    lambda: engine.caught_up and all(self.queue.could_lease(engine.weight_version)),
                     req.timeout_s,
                     "LeasePrompts",
                 )
             finally:
                 engine.in_calls -= 1
                 engine.last_seen = self._clock()
-            reply = gpb.LeaseReply(sync=self._directive(engine), shutting_down=self.shutting_down)
+            reply = gpb.LeaseReply(
+                sync=self.versions.directive(engine), shutting_down=self.shutting_down
+            )
             # Re-checked after the wait: a failed ack may have arrived while this call waited.
             gone = engine.engine_id not in self._engines or self.shutting_down
             if gone or not engine.serving or not engine.caught_up:
                 return reply
-            lease = self._queue.lease(
+            lease = self.queue.lease(
                 engine.engine_id,
                 req.max_prompts,
                 engine.weight_version,
@@ -346,18 +347,18 @@ class GatewayState(VersionsMixin):
                 self.config.max_message_bytes // 2,
             )
             if lease is None:
-                eligible, room = self._queue.could_lease(engine.weight_version)
+                eligible, room = self.queue.could_lease(engine.weight_version)
                 reply.backpressure = eligible and not room
                 return reply
             reply.lease_id = lease.lease_id
-            reply.prompts.extend(self._queue.prompts_of(lease))
+            reply.prompts.extend(self.queue.prompts_of(lease))
             self.events.emit(
                 "leased",
                 engine=engine.engine_id,
                 lease=lease.lease_id,
                 prompts=len(lease.outstanding),
                 weight_version=engine.weight_version,
-                current=self._version,
+                current=self.versions.current,
             )
             reply.expires_in_s = lease.deadline - self._clock()
             return reply
@@ -368,13 +369,13 @@ class GatewayState(VersionsMixin):
         with self._cv:
             self._reap_locked()
             engine = self._engine(req.engine_id, req.engine_key)
-            out: ReturnOutcome = self._queue.complete(
+            out: ReturnOutcome = self.queue.complete(
                 engine.engine_id,
                 req.lease_id,
                 list(req.groups),
                 list(req.released_sample_ids),
                 self._clock(),
-                self._version,
+                self.versions.current,
                 self.config.max_message_bytes // 2,
             )
             engine.groups += out.accepted
@@ -404,20 +405,20 @@ class GatewayState(VersionsMixin):
         for p in req.prompts:
             check_prompt(p, cfg.max_group_size, cfg.max_prompt_tokens, cfg.max_new_tokens)
         n = len(req.prompts)
-        if n > self._queue.max_pending:
+        if n > self.queue.max_pending:
             raise invalid(
-                f"prompts: expected at most {self._queue.max_pending} per call (the "
+                f"prompts: expected at most {self.queue.max_pending} per call (the "
                 f"pending capacity), got {n}"
             )
         with self._cv:
             self._open()
             self._reap_locked()
-            check_min_version(req.prompts, self._version, cfg.min_version_ahead)
-            self._queue.check_new(list(req.prompts))
+            check_min_version(req.prompts, self.versions.current, cfg.min_version_ahead)
+            self.queue.check_new(list(req.prompts))
 
             def room() -> bool:
-                return self._queue.pending(True) + self._queue.pending(False) + n <= (
-                    self._queue.max_pending
+                return self.queue.pending(True) + self.queue.pending(False) + n <= (
+                    self.queue.max_pending
                 )
 
             if not self._wait(room, req.timeout_s, "SubmitPrompts"):
@@ -425,19 +426,19 @@ class GatewayState(VersionsMixin):
                 raise GatewayError(
                     RESOURCE_EXHAUSTED,
                     f"pending queue full: expected room for {n} prompts within "
-                    f"{req.timeout_s} s, got {self._queue.max_pending - self._pending()} free",
+                    f"{req.timeout_s} s, got {self.queue.max_pending - self._pending()} free",
                 )
-            self._queue.check_new(list(req.prompts))
-            self._queue.submit(list(req.prompts), self._clock())
+            self.queue.check_new(list(req.prompts))
+            self.queue.submit(list(req.prompts), self._clock())
             self._cv.notify_all()
             return gpb.SubmitReply(
                 accepted=n,
-                pending_train=self._queue.pending(False),
-                pending_eval=self._queue.pending(True),
+                pending_train=self.queue.pending(False),
+                pending_eval=self.queue.pending(True),
             )
 
     def _pending(self) -> int:
-        return self._queue.pending(True) + self._queue.pending(False)
+        return self.queue.pending(True) + self.queue.pending(False)
 
     def fetch(self, req: gpb.FetchRequest) -> gpb.FetchReply:
         """Take up to max_groups finished groups, waiting up to timeout_s for min_groups."""
@@ -451,8 +452,8 @@ class GatewayState(VersionsMixin):
         with self._cv:
             self._reap_locked()
             need = max(1, req.min_groups)
-            self._wait(lambda: self._queue.ready >= need, req.timeout_s, "FetchRollouts")
-            groups = self._queue.fetch(req.max_groups, self.config.max_message_bytes // 2)
+            self._wait(lambda: self.queue.ready >= need, req.timeout_s, "FetchRollouts")
+            groups = self.queue.fetch(req.max_groups, self.config.max_message_bytes // 2)
             self._cv.notify_all()
             return gpb.FetchReply(groups=groups)
 
@@ -479,33 +480,71 @@ class GatewayState(VersionsMixin):
             self.shutting_down = True
             self._cv.notify_all()
 
+    def publish(self, req: gpb.PublishRequest) -> gpb.PublishReply:
+        """PublishVersion: see `Versions.publish` (refused while shutting down)."""
+        with self._cv:
+            self._open()
+            self._reap_locked()
+            reply = self.versions.publish(req, self._engines)
+            self._cv.notify_all()
+            return reply
+
+    def ack(self, req: gpb.AckRequest) -> gpb.AckReply:
+        """AckVersion: see `Versions.ack`; NOT_FOUND/PERMISSION_DENIED as `_engine`."""
+        with self._cv:
+            self._reap_locked()
+            engine = self._engine(req.engine_id, req.engine_key)
+            reply = self.versions.ack(engine, req)
+            self._cv.notify_all()
+            return reply
+
+    def wait_sync(self, req: gpb.WaitSyncRequest) -> gpb.WaitSyncReply:
+        """Wait until every live engine reached `phase` for `version`, or one failed it.
+
+        Raises:
+            GatewayError: INVALID_ARGUMENT for a bad timeout, a phase other than READY or
+                LOADED, or an unpublished version; RESOURCE_EXHAUSTED past `max_long_polls`.
+        """
+        check_wait(req)
+        with self._cv:
+            self._reap_locked()
+            self.versions.check_published(req.version)
+            self._wait(lambda: settled(self._engines.values(), req), req.timeout_s, "WaitSync")
+            return wait_reply(self._engines.values(), req)
+
     def status(self) -> gpb.StatusReply:
         """A snapshot of engines, versions, queue depths, counters and rates."""
-        from gateway.status import build_status
-
         with self._cv:
             self._reap_locked()
             t = time.monotonic()
             while self._rates and t - self._rates[0][0] > _RATE_WINDOW_S:
                 self._rates.popleft()
-            return build_status(self, self._clock(), t)
+            snap = self._snapshot(t)
+        return build_status(snap)
 
-    # ----- read-only views for gateway.status (lock held by the caller) -----
-    @property
-    def version(self) -> int:
-        """The current published weight version."""
-        return self._version
-
-    @property
-    def queue(self) -> WorkQueue:
-        """The work queue."""
-        return self._queue
-
-    def views(self):
-        """(settings, engines, metrics, rates, started) for the status builder."""
-        return self._settings, self._engines, self._metrics, self._rates, self._started
-
-    def leases(self) -> list[Lease]:
-        """The open leases (for tests and status)."""
-        with self._cv:
-            return list(self._queue.leases.values())
+    def _snapshot(self, wall: float) -> StatusSnapshot:
+        """Copies of what the status reports (lock held)."""
+        q = self.queue
+        leased: dict[str, int] = {}
+        for lease in q.leases.values():
+            leased[lease.engine_id] = leased.get(lease.engine_id, 0) + len(lease.outstanding)
+        return StatusSnapshot(
+            now=self._clock(),
+            wall=wall,
+            started=self._started,
+            version=self.versions.current,
+            shutting_down=self.shutting_down,
+            settings=copy.deepcopy(self._settings),
+            engines=tuple(copy.copy(e) for e in self._engines.values()),
+            leased=leased,
+            queues=gpb.QueueDepths(
+                pending_eval=q.pending(True),
+                pending_train=q.pending(False),
+                leased_prompts=q.leased_prompts,
+                ready_groups=q.ready,
+                rollout_capacity=q.rollout_capacity,
+            ),
+            counters=dict(q.counters),
+            rates=tuple(self._rates),
+            metrics={k: (st, t, dict(v)) for k, (st, t, v) in self._metrics.items()},
+        )

@@ -1,37 +1,50 @@
-"""The status snapshot (built under the state's lock) and its text rendering for the CLI."""
+"""The status reply, built from a `StatusSnapshot` of the gateway state, and its text
+rendering for the CLI."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import dataclasses
 
+from gateway.versions import Engine
 from protos import gateway_pb2 as gpb
-
-if TYPE_CHECKING:
-    from gateway.state import GatewayState
 
 _PHASES = {0: "-", 1: "ready", 2: "loaded", 3: "FAILED"}
 
 
-def build_status(state: GatewayState, now: float, wall: float) -> gpb.StatusReply:
-    """Fill a StatusReply from `state` (caller holds its lock).
+@dataclasses.dataclass(frozen=True)
+class StatusSnapshot:
+    """What `build_status` reports, copied out of the gateway state under its lock.
 
-    Args:
-        state: the gateway state.
-        now: the state's clock (s), for ages.
-        wall: `time.monotonic()` (s); the rate window is its last minute.
+    Times are seconds: `now` and `started` on the state's clock, `wall` on
+    `time.monotonic()` (the rate window's clock). `engines` are copies of the records;
+    `leased` counts each engine's leased prompts; `rates` holds (wall s, completions, tokens)
+    of each return in the last minute; `metrics` maps a source to (step, clock s, values).
     """
-    settings, engines, metrics, rates, started = state.views()
-    q = state.queue
+
+    now: float
+    wall: float
+    started: float
+    version: int
+    shutting_down: bool
+    settings: gpb.RunSettings
+    engines: tuple[Engine, ...]
+    leased: dict[str, int]
+    queues: gpb.QueueDepths
+    counters: dict[str, int]
+    rates: tuple[tuple[float, int, int], ...]
+    metrics: dict[str, tuple[int, float, dict[str, float]]]
+
+
+def build_status(snap: StatusSnapshot) -> gpb.StatusReply:
+    """Fill a StatusReply from `snap` (no lock needed: it holds copies)."""
+    now = snap.now
     reply = gpb.StatusReply(
-        current_version=state.version,
-        settings=settings,
-        uptime_s=now - started,
-        shutting_down=state.shutting_down,
+        current_version=snap.version,
+        settings=snap.settings,
+        uptime_s=now - snap.started,
+        shutting_down=snap.shutting_down,
     )
-    leased: dict[str, int] = {}
-    for lease in q.leases.values():
-        leased[lease.engine_id] = leased.get(lease.engine_id, 0) + len(lease.outstanding)
-    for e in engines.values():
+    for e in snap.engines:
         r = e.request
         reply.engines.add(
             engine_id=e.engine_id,
@@ -43,7 +56,7 @@ def build_status(state: GatewayState, now: float, wall: float) -> gpb.StatusRepl
             weight_version=e.weight_version,
             sync_phase=e.sync_phase,
             last_seen_s=now - e.last_seen,
-            leased_prompts=leased.get(e.engine_id, 0),
+            leased_prompts=snap.leased.get(e.engine_id, 0),
             active_prompts=e.active_prompts,
             groups_returned=e.groups,
             completions_returned=e.completions,
@@ -52,22 +65,14 @@ def build_status(state: GatewayState, now: float, wall: float) -> gpb.StatusRepl
             sync_error=e.sync_error,
             serving=e.serving,
         )
-    reply.queues.CopyFrom(
-        gpb.QueueDepths(
-            pending_eval=q.pending(True),
-            pending_train=q.pending(False),
-            leased_prompts=q.leased_prompts,
-            ready_groups=q.ready,
-            rollout_capacity=q.rollout_capacity,
-        )
-    )
+    reply.queues.CopyFrom(snap.queues)
     for name in gpb.Counters.DESCRIPTOR.fields_by_name:
-        setattr(reply.counters, name, q.counters[name])
-    if rates:
-        span = max(wall - rates[0][0], 1.0)
-        reply.completions_per_s = sum(r[1] for r in rates) / span
-        reply.tokens_per_s = sum(r[2] for r in rates) / span
-    for source, (step, t, values) in sorted(metrics.items()):
+        setattr(reply.counters, name, snap.counters.get(name, 0))
+    if snap.rates:
+        span = max(snap.wall - snap.rates[0][0], 1.0)
+        reply.completions_per_s = sum(r[1] for r in snap.rates) / span
+        reply.tokens_per_s = sum(r[2] for r in snap.rates) / span
+    for source, (step, t, values) in sorted(snap.metrics.items()):
         reply.metrics.add(source=source, step=step, age_s=now - t, values=values)
     return reply
 

@@ -1,14 +1,17 @@
 """Weight versions on the gateway: the engine record, publication, acknowledgements, and the
-trainer's wait for a sync. Mixed into `gateway.state.GatewayState`, whose lock (`_cv`),
-engines, version and sync parameters these methods use.
+trainer's wait for a sync.
+
+`Versions` is a part of `gateway.state.GatewayState` (held, not mixed in): it owns the current
+version, its sync params and the publication counter, and applies PublishVersion, AckVersion
+and WaitSync to the engine records it is handed. It takes no lock and never waits: the state
+holds its lock around every call and does the waiting.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import secrets
-import threading
-from collections.abc import Callable
+from collections.abc import Iterable
 
 from gateway.errors import invalid
 from gateway.events import EventLog
@@ -61,29 +64,33 @@ class Engine:
         return self.sync_phase == gpb.SYNC_PHASE_FAILED
 
 
-class VersionsMixin:
-    """PublishVersion, AckVersion and WaitSync, plus the per-engine sync directive."""
+class Versions:
+    """The current weight version (0 before the first publish), its sync params (str -> str,
+    the trainer's data-plane plan) and `seq`, a counter bumped by every publish, re-plans
+    included. Not thread-safe: the caller holds the gateway's lock."""
 
-    _cv: threading.Condition
-    _engines: dict[str, Engine]
-    _version: int
-    _publish_seq: int
-    events: EventLog
-    _sync_params: dict[str, str]
-    _engine: Callable[[str, str], Engine]
-    _reap_locked: Callable[[], bool]
-    _open: Callable[[], None]
-    _wait: Callable[..., bool]
+    def __init__(self, events: EventLog) -> None:
+        self.events = events
+        self.current = 0
+        self.params: dict[str, str] = {}
+        self.seq = 0
 
-    def _directive(self, engine: Engine) -> gpb.SyncDirective:
-        if engine.weight_version >= self._version:
+    def directive(self, engine: Engine) -> gpb.SyncDirective:
+        """The sync directive for `engine`: empty once it loaded the current version."""
+        if engine.weight_version >= self.current:
             return gpb.SyncDirective()
-        return gpb.SyncDirective(
-            pending=True, target_version=self._version, params=self._sync_params
-        )
+        return gpb.SyncDirective(pending=True, target_version=self.current, params=self.params)
 
-    def publish(self, req: gpb.PublishRequest) -> gpb.PublishReply:
-        """Make `version` current; every live engine gets a sync directive for it.
+    def check_published(self, version: int) -> None:
+        """Raises GatewayError INVALID_ARGUMENT unless `version` is 0..current."""
+        if not 0 <= version <= self.current:
+            raise invalid(
+                f"version: expected a published version 0..{self.current}, "
+                f"got {version} (never published)"
+            )
+
+    def publish(self, req: gpb.PublishRequest, engines: dict[str, Engine]) -> gpb.PublishReply:
+        """Make `version` current; every engine of `engines` gets a sync directive for it.
 
         Publishing the current version again with other params is a re-plan: the trainer
         re-sends that version on a new data-plane group (after a member died mid-push, or to
@@ -95,33 +102,24 @@ class VersionsMixin:
             GatewayError: INVALID_ARGUMENT for a version below the current one, or the
                 current one with the same params (versions only increase).
         """
-        with self._cv:
-            self._open()
-            self._reap_locked()
-            params = dict(req.params)
-            replan = req.version == self._version
-            if req.version < self._version or (
-                replan and (req.version == 0 or params == self._sync_params)
-            ):
-                raise invalid(
-                    f"version: expected > {self._version} (versions only increase), "
-                    f"got {req.version}"
-                )
-            self._version = req.version
-            self._sync_params = params
-            self._publish_seq += 1
-            if replan:
-                for e in self._engines.values():
-                    if e.weight_version < req.version and e.sync_version >= req.version:
-                        e.sync_version, e.sync_error = e.weight_version, ""
-                        e.sync_phase = gpb.SYNC_PHASE_LOADED
-            self.events.emit(
-                "published", version=req.version, replan=replan, engines=sorted(self._engines)
+        params = dict(req.params)
+        replan = req.version == self.current
+        if req.version < self.current or (replan and (req.version == 0 or params == self.params)):
+            raise invalid(
+                f"version: expected > {self.current} (versions only increase), got {req.version}"
             )
-            self._cv.notify_all()
-            return gpb.PublishReply(engine_ids=sorted(self._engines))
+        self.current = req.version
+        self.params = params
+        self.seq += 1
+        if replan:
+            for e in engines.values():
+                if e.weight_version < req.version and e.sync_version >= req.version:
+                    e.sync_version, e.sync_error = e.weight_version, ""
+                    e.sync_phase = gpb.SYNC_PHASE_LOADED
+        self.events.emit("published", version=req.version, replan=replan, engines=sorted(engines))
+        return gpb.PublishReply(engine_ids=sorted(engines))
 
-    def ack(self, req: gpb.AckRequest) -> gpb.AckReply:
+    def ack(self, engine: Engine, req: gpb.AckRequest) -> gpb.AckReply:
         """Record an engine's sync progress (READY, LOADED or FAILED) for a published version.
 
         LOADED makes `version` the engine's weight version and lets it lease. FAILED with
@@ -131,91 +129,80 @@ class VersionsMixin:
         Raises:
             GatewayError: INVALID_ARGUMENT for an unpublished version, a phase other than
                 READY/LOADED/FAILED, `serving` set with a phase other than FAILED, or a
-                LOADED version below the engine's loaded one; NOT_FOUND for an unknown engine.
+                LOADED version below the engine's loaded one.
         """
-        with self._cv:
-            self._reap_locked()
-            engine = self._engine(req.engine_id, req.engine_key)
-            if not 0 <= req.version <= self._version:
+        self.check_published(req.version)
+        if req.phase not in (gpb.SYNC_PHASE_READY, gpb.SYNC_PHASE_LOADED, gpb.SYNC_PHASE_FAILED):
+            raise invalid(f"phase: expected READY, LOADED or FAILED, got {req.phase}")
+        if req.serving and req.phase != gpb.SYNC_PHASE_FAILED:
+            raise invalid(
+                "serving: expected false unless phase is FAILED, got true with phase "
+                f"{gpb.SyncPhase.Name(req.phase)}"
+            )
+        if req.phase == gpb.SYNC_PHASE_LOADED:
+            if req.version < engine.weight_version:
                 raise invalid(
-                    f"version: expected a published version 0..{self._version}, "
-                    f"got {req.version} (never published)"
+                    f"version: expected >= {engine.weight_version} (the engine's "
+                    f"loaded version), got {req.version}"
                 )
-            if req.phase not in (
-                gpb.SYNC_PHASE_READY,
-                gpb.SYNC_PHASE_LOADED,
-                gpb.SYNC_PHASE_FAILED,
-            ):
-                raise invalid(f"phase: expected READY, LOADED or FAILED, got {req.phase}")
-            if req.serving and req.phase != gpb.SYNC_PHASE_FAILED:
-                raise invalid(
-                    "serving: expected false unless phase is FAILED, got true with phase "
-                    f"{gpb.SyncPhase.Name(req.phase)}"
-                )
-            if req.phase == gpb.SYNC_PHASE_LOADED:
-                if req.version < engine.weight_version:
-                    raise invalid(
-                        f"version: expected >= {engine.weight_version} (the engine's "
-                        f"loaded version), got {req.version}"
-                    )
-                engine.weight_version = req.version
-                engine.serving = True
-            elif req.phase == gpb.SYNC_PHASE_FAILED:
-                engine.serving = req.serving
-            engine.sync_version, engine.sync_phase = req.version, req.phase
-            engine.sync_error = req.error if req.phase == gpb.SYNC_PHASE_FAILED else ""
-            if req.phase == gpb.SYNC_PHASE_LOADED:
-                self.events.emit(
-                    "loaded", engine=engine.engine_id, version=req.version, current=self._version
-                )
-            elif req.phase == gpb.SYNC_PHASE_FAILED:
-                self.events.emit(
-                    "sync_failed",
-                    engine=engine.engine_id,
-                    version=req.version,
-                    serving=req.serving,
-                    error=req.error,
-                )
-            self._cv.notify_all()
-            return gpb.AckReply(sync=self._directive(engine))
+            engine.weight_version = req.version
+            engine.serving = True
+        elif req.phase == gpb.SYNC_PHASE_FAILED:
+            engine.serving = req.serving
+        engine.sync_version, engine.sync_phase = req.version, req.phase
+        engine.sync_error = req.error if req.phase == gpb.SYNC_PHASE_FAILED else ""
+        if req.phase == gpb.SYNC_PHASE_LOADED:
+            self.events.emit(
+                "loaded", engine=engine.engine_id, version=req.version, current=self.current
+            )
+        elif req.phase == gpb.SYNC_PHASE_FAILED:
+            self.events.emit(
+                "sync_failed",
+                engine=engine.engine_id,
+                version=req.version,
+                serving=req.serving,
+                error=req.error,
+            )
+        return gpb.AckReply(sync=self.directive(engine))
 
-    def wait_sync(self, req: gpb.WaitSyncRequest) -> gpb.WaitSyncReply:
-        """Wait until every live engine reached `phase` for `version`, or one failed it."""
-        check_timeout("timeout_s", req.timeout_s)
-        if req.phase not in (gpb.SYNC_PHASE_READY, gpb.SYNC_PHASE_LOADED):
-            raise invalid(f"phase: expected READY or LOADED, got {req.phase}")
-        with self._cv:
-            self._reap_locked()
-            if not 0 <= req.version <= self._version:
-                raise invalid(
-                    f"version: expected a published version 0..{self._version}, got {req.version}"
-                )
 
-            def reached(e: Engine) -> bool:
-                if e.weight_version >= req.version:
-                    return True
-                return (
-                    req.phase == gpb.SYNC_PHASE_READY
-                    and e.sync_version >= req.version
-                    and e.sync_phase == gpb.SYNC_PHASE_READY
-                )
+def check_wait(req: gpb.WaitSyncRequest) -> None:
+    """Raises GatewayError INVALID_ARGUMENT for a bad timeout or a phase not READY/LOADED."""
+    check_timeout("timeout_s", req.timeout_s)
+    if req.phase not in (gpb.SYNC_PHASE_READY, gpb.SYNC_PHASE_LOADED):
+        raise invalid(f"phase: expected READY or LOADED, got {req.phase}")
 
-            def settled() -> bool:
-                engines = self._engines.values()
-                return all(reached(e) for e in engines) or any(
-                    e.failed and e.sync_version >= req.version for e in engines
-                )
 
-            self._wait(settled, req.timeout_s, "WaitSync")
-            states = [
-                gpb.EngineSyncState(
-                    engine_id=e.engine_id,
-                    version=e.sync_version,
-                    phase=e.sync_phase,
-                    error=e.sync_error,
-                    serving=e.serving,
-                )
-                for e in self._engines.values()
-            ]
-            done = all(reached(e) for e in self._engines.values())
-            return gpb.WaitSyncReply(done=done, engines=states)
+def reached(e: Engine, req: gpb.WaitSyncRequest) -> bool:
+    """`e` loaded `req.version` (or, waiting for READY, acknowledged it READY)."""
+    if e.weight_version >= req.version:
+        return True
+    return (
+        req.phase == gpb.SYNC_PHASE_READY
+        and e.sync_version >= req.version
+        and e.sync_phase == gpb.SYNC_PHASE_READY
+    )
+
+
+def settled(engines: Iterable[Engine], req: gpb.WaitSyncRequest) -> bool:
+    """WaitSync may answer: every engine reached `req`, or one failed `req.version`."""
+    engines = list(engines)
+    return all(reached(e, req) for e in engines) or any(
+        e.failed and e.sync_version >= req.version for e in engines
+    )
+
+
+def wait_reply(engines: Iterable[Engine], req: gpb.WaitSyncRequest) -> gpb.WaitSyncReply:
+    """The WaitSync answer: each engine's sync state, and `done` when all reached `req`."""
+    engines = list(engines)
+    states = [
+        gpb.EngineSyncState(
+            engine_id=e.engine_id,
+            version=e.sync_version,
+            phase=e.sync_phase,
+            error=e.sync_error,
+            serving=e.serving,
+        )
+        for e in engines
+    ]
+    return gpb.WaitSyncReply(done=all(reached(e, req) for e in engines), engines=states)

@@ -139,12 +139,16 @@ class Family:
         tied: None follows the checkpoint's `tie_word_embeddings`; True/False forces it
             (a mapping that forces the wrong value is caught by the checker).
         tied_head: the HF name of the LM head that tied checkpoints omit.
+        model_types: the HF config.json `model_type` values this family reads (empty: just
+            `name`); `mappings.registry.model_types` gathers them, so a checkpoint's
+            `model_type` selects its family.
     """
 
     name: str
     rules: tuple[Rule, ...]
     tied: bool | None = None
     tied_head: str = "lm_head.weight"
+    model_types: tuple[str, ...] = ()
 
     def is_tied(self, cfg: Any) -> bool:
         """Whether the LM head is the embedding, for a config with `tie_word_embeddings`."""

@@ -101,17 +101,12 @@ def make_backend(cfg: EngineProcessConfig):
     if cfg.backend == "vllm":
         from rollout_engine.vllm.backend import VllmBackend, VllmBackendConfig
 
-        o = cfg.vllm
         return VllmBackend(
             VllmBackendConfig(
                 model=str(cfg.model),
                 dtype=cfg.dtype,
-                tensor_parallel_size=o.tensor_parallel_size,
-                max_model_len=o.max_model_len,
-                seed=o.seed,
-                kv_cache_gib=o.kv_cache_gib,
-                gpu_memory_utilization=o.gpu_memory_utilization,
                 initial_version=cfg.initial_version,
+                **cfg.vllm.model_dump(),
             )
         )
     from rollout_engine.jax.backend import JaxBackend, JaxBackendConfig

@@ -1,7 +1,9 @@
 """Settings of one rollout engine process: the worker loop, the backend and the gateway.
 
-Imports no ML library (pydantic only), so `python -m rollout_engine --help` answers at once and
-a launcher can validate an engine's config before anything heavy starts.
+Imports no ML library (pydantic, and the family registry of `mappings`), so `python -m
+rollout_engine --help` answers at once and a launcher can validate an engine's config before
+anything heavy starts. `VllmOptions` and `JaxOptions` are the one home of the backends'
+options: `VllmBackendConfig` and `JaxBackendConfig` extend them.
 """
 
 from __future__ import annotations
@@ -12,15 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-# HF `model_type` -> our family name (trainer/models/config.py holds the same table; this one
-# keeps the config free of trainer imports).
-MODEL_TYPES = {
-    "llama": "llama",
-    "qwen2": "qwen2",
-    "qwen3": "qwen3",
-    "gemma3": "gemma3",
-    "gemma3_text": "gemma3",
-}
+from mappings.registry import family_for_model_type
+from mappings.spec import MappingError
 
 
 class WorkerConfig(BaseModel):
@@ -136,10 +131,7 @@ def family_of(model_dir: Path) -> str:
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise ValueError(f"{model_dir}: no config.json; pass --family")
-    model_type = json.loads(path.read_text()).get("model_type")
-    if model_type not in MODEL_TYPES:
-        raise ValueError(
-            f"{path}: model_type {model_type!r} is not supported; expected one of "
-            f"{sorted(MODEL_TYPES)}"
-        )
-    return MODEL_TYPES[model_type]
+    try:
+        return family_for_model_type(json.loads(path.read_text()).get("model_type"))
+    except MappingError as e:
+        raise ValueError(f"{path}: {e}") from None

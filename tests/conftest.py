@@ -1,4 +1,5 @@
-"""Shared pytest set-up: 8 host devices for mesh tests, marker enforcement for gpu/vllm."""
+"""Shared pytest set-up: 8 host devices for mesh tests, marker enforcement for gpu/vllm, and
+the families of mappings/families/ as test parameters (`family_variant`, `family_name`)."""
 
 import importlib.util
 import os
@@ -23,9 +24,26 @@ def _has_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """`--require-vllm`: a `vllm` test fails (not skips) where vLLM is absent."""
+    parser.addoption(
+        "--require-vllm",
+        action="store_true",
+        help="fail the vllm tests when vllm is not installed (on by default when CI is set)",
+    )
+
+
+def _vllm_required(config: pytest.Config) -> bool:
+    """In CI (env CI set and not "false"/"0") or with --require-vllm, vLLM must be there."""
+    ci = os.environ.get("CI", "").strip().lower() not in ("", "0", "false")
+    return ci or bool(config.getoption("--require-vllm"))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip `gpu` tests where no CUDA device is visible, and `vllm` tests where vLLM is absent."""
+    """Skip `gpu` tests where no CUDA device is visible, and `vllm` tests where vLLM is absent
+    (in CI, or with --require-vllm, those fail instead: a missing vLLM must not pass)."""
     has_vllm = importlib.util.find_spec("vllm") is not None
+    required = _vllm_required(config)
     has_cuda = None
     for item in items:
         if "gpu" in item.keywords:
@@ -34,7 +52,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if not has_cuda:
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU; none is visible"))
         if "vllm" in item.keywords and not has_vllm:
-            item.add_marker(pytest.mark.skip(reason="vllm is not installed (run scripts/setup.sh)"))
+            if required:
+                item.add_marker(pytest.mark.needs_missing_vllm)
+            else:
+                item.add_marker(
+                    pytest.mark.skip(reason="vllm is not installed (run scripts/setup.sh)")
+                )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Fail, before any fixture starts, a vllm test that must run where vLLM is absent."""
+    if "needs_missing_vllm" in item.keywords:
+        pytest.fail(
+            "vllm is not installed, and this run requires it (CI is set, or --require-vllm): "
+            "install it (scripts/setup.sh) instead of skipping the vllm tests"
+        )
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +77,12 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory):
 
     built: dict[tuple, object] = {}
 
-    def get(variant: str = "llama", seed: int = 0, **overrides):
+    def get(variant: str | None = "llama", seed: int = 0, **overrides):
+        if variant is None:  # a `family_variant` case of a family with no tiny checkpoint
+            pytest.fail(
+                "this family has no tiny checkpoint: add a trainer.checkpoints.tiny.TINY_CONFIGS "
+                "entry whose model_type is one of the family's model_types"
+            )
         key = (variant, seed, tuple(sorted(overrides.items())))
         if key not in built:
             folder = tmp_path_factory.mktemp(f"tiny-{variant}-{seed}")
@@ -53,3 +90,53 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory):
         return built[key]
 
     return get
+
+
+def family_variants() -> list[tuple[str, str | None]]:
+    """(family, tiny variant) for every family module of mappings/families/ and every
+    `TINY_CONFIGS` variant whose `model_type` selects it (`mappings.registry.model_types`);
+    a family no variant selects gets one pair (family, None), whose tests fail."""
+    from mappings.registry import available_families, model_types
+    from trainer.checkpoints.tiny import TINY_CONFIGS
+
+    table = model_types()
+    pairs: list[tuple[str, str | None]] = []
+    for family in available_families():
+        variants = sorted(
+            v for v, c in TINY_CONFIGS.items() if table.get(c["model_type"]) == family
+        )
+        pairs += [(family, v) for v in variants] or [(family, None)]
+    return pairs
+
+
+def family_mapping_cases() -> list[tuple[str, str | None]]:
+    """The pairs of `family_variants()` that take different paths through a family's mapping:
+    per family, the first variant of each `tie_word_embeddings` value (a tied checkpoint has
+    no LM head to send). For the tests that start an engine per case."""
+    from trainer.checkpoints.tiny import TINY_CONFIGS
+
+    seen: set[tuple[str, bool]] = set()
+    cases = []
+    for family, variant in family_variants():
+        tied = variant is not None and bool(TINY_CONFIGS[variant].get("tie_word_embeddings"))
+        if (family, tied) not in seen:
+            seen.add((family, tied))
+            cases.append((family, variant))
+    return cases
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test that takes `family_variant` runs on every pair of `family_variants()`, one that
+    takes `family_case` on `family_mapping_cases()`, and one that takes `family_name` once per
+    family: so every shared test covers a new family file."""
+    for name, pairs in (
+        ("family_variant", family_variants),
+        ("family_case", family_mapping_cases),
+    ):
+        if name in metafunc.fixturenames:
+            got = pairs()
+            metafunc.parametrize(name, got, ids=[f"{f}-{v}" for f, v in got])
+    if "family_name" in metafunc.fixturenames:
+        from mappings.registry import available_families
+
+        metafunc.parametrize("family_name", available_families())

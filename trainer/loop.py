@@ -37,13 +37,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import jax
-import numpy as np
 
 from gateway.client import GatewayClient
 from trainer.batch import build_rl_batch
 from trainer.checkpointing import Checkpointer, Progress
 from trainer.config import Config
-from trainer.filters import group_lag
+from trainer.filters import FilterResult
 from trainer.models.decoder import Decoder
 from trainer.rollout_source import RolloutSource
 from trainer.rollouts import RolloutGroup
@@ -90,13 +89,9 @@ class LoopSummary:
 
 @dataclasses.dataclass
 class _Collected:
-    kept: list[RolloutGroup]
-    lags: list[int]
     taken: list[RolloutGroup]
     log: list[dict[str, Any]]
-    dropped_lag: int = 0
-    dropped_zero_variance: int = 0
-    dropped_aborted: int = 0
+    filtered: FilterResult = dataclasses.field(default_factory=FilterResult)
     wait_s: float = 0.0
 
 
@@ -111,7 +106,8 @@ class AsyncTrainer:
       publisher: pushes each new version to the engines.
       run_dir: where metrics.jsonl and groups.jsonl go (created).
       version: the weight version of `state` (engines must already serve it).
-      rng: the trainer's PRNG key, split once per update and saved in checkpoints.
+      rng: the trainer's PRNG key, saved in checkpoints and restored on resume (no update
+        draws from it: the train step is deterministic, so it is not split).
       checkpointer: saves every ``trainer.checkpoint_every`` updates and at the end, if given.
       client: if given, per-update metrics are also reported to the gateway.
       pad_id: the padding token of the batch.
@@ -260,15 +256,15 @@ class AsyncTrainer:
         rollout = self.config.rollout
         want = self.config.trainer.prompts_per_step
         update = self._done + 1
-        got = _Collected(kept=[], lags=[], taken=[], log=[])
-        while len(got.kept) < want:
+        got = _Collected(taken=[], log=[])
+        while len(got.filtered.kept) < want:
             # groups taken by this update stay in flight until it is applied
-            need = want - len(got.kept) + self._ahead + len(got.taken)
+            need = want - len(got.filtered.kept) + self._ahead + len(got.taken)
             self.source.top_up(need, min_version=self.version)
             t0 = time.perf_counter()
             group = self.source.next_group(
                 rollout.rollout_timeout_s,
-                waiting_for=f"the groups of update {update} ({len(got.kept)}/{want} kept, "
+                waiting_for=f"the groups of update {update} ({len(got.filtered.kept)}/{want} kept, "
                 f"{len(got.taken)} taken)",
                 should_stop=lambda: bool(self.stop_requested()),
             )
@@ -276,21 +272,10 @@ class AsyncTrainer:
             if group is None:
                 return None
             got.taken.append(group)
-            lag = group_lag(group, self.version)
             rewards = group.rewards
-            if any(c.finish_reason == "abort" for c in group.completions):
-                got.dropped_aborted += 1
-                outcome = "aborted"
-            elif lag > rollout.max_lag:
-                got.dropped_lag += 1
-                outcome = "lag"
-            elif rollout.drop_zero_variance and max(rewards) == min(rewards):
-                got.dropped_zero_variance += 1
-                outcome = "zero_variance"
-            else:
-                got.kept.append(group)
-                got.lags.append(lag)
-                outcome = "trained"
+            outcome, lag = got.filtered.add(
+                group, self.version, rollout.max_lag, rollout.drop_zero_variance
+            )
             got.log.append(
                 {
                     "step": update,
@@ -316,8 +301,9 @@ class AsyncTrainer:
         with (self.run_dir / "groups.jsonl").open("a") as f:
             f.writelines(json.dumps(row) + "\n" for row in got.log)
         self._between_updates = False
-        batch = build_rl_batch(got.kept, pad_id=self.pad_id, normalize_std=self.normalize_std)
-        self.rng, _ = jax.random.split(self.rng)
+        batch = build_rl_batch(
+            got.filtered.kept, pad_id=self.pad_id, normalize_std=self.normalize_std
+        )
         t0 = time.perf_counter()
         self.state, train_metrics = self.step(self.state, batch)
         step_s = time.perf_counter() - t0
@@ -329,25 +315,19 @@ class AsyncTrainer:
         total_s = time.perf_counter() - t_start
         self.source.consume(got.taken)
         self._between_updates = True
-        self.trained_groups += len(got.kept)
-        self.filtered_lag += got.dropped_lag
-        self.filtered_zero_variance += got.dropped_zero_variance
-        self.filtered_aborted += got.dropped_aborted
-        completion_tokens = float(batch.loss_mask.sum())
+        self.trained_groups += len(got.filtered.kept)
+        self.filtered_lag += got.filtered.dropped_lag
+        self.filtered_zero_variance += got.filtered.dropped_zero_variance
+        self.filtered_aborted += got.filtered.dropped_aborted
+        batch_metrics = batch.metrics()
+        completion_tokens = batch_metrics["completion_tokens"]
         metrics: dict[str, Any] = {
             "step": self._done,
             "version": self.version,
-            "reward_mean": float(np.mean(batch.rewards)),
-            "reward_std": float(np.std(batch.rewards)),
-            "lag_min": min(got.lags),
-            "lag_mean": float(np.mean(got.lags)),
-            "lag_max": max(got.lags),
-            "filtered_lag": got.dropped_lag,
-            "filtered_zero_variance": got.dropped_zero_variance,
-            "filtered_aborted": got.dropped_aborted,
-            "completion_tokens": completion_tokens,
+            **batch_metrics,
+            **got.filtered.metrics(),
             "completions_at_length_limit": sum(
-                c.finish_reason == "length" for g in got.kept for c in g.completions
+                c.finish_reason == "length" for g in got.filtered.kept for c in g.completions
             ),
             "tokens_per_s": completion_tokens / total_s,
             "train_tokens_per_s": float(batch.seq_lens.sum()) / step_s,

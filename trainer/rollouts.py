@@ -1,14 +1,13 @@
 """Rollouts as the trainer sees them: one prompt's group of sampled completions.
 
-These are plain host-side records (Python lists, no arrays). The gateway client produces
-equivalent objects; `group_from_dict` is the one converter to adapt if its field names differ.
+These are plain host-side records (Python lists, no arrays), made from the gateway's groups by
+`trainer.rollout_source`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,33 +117,3 @@ class RolloutGroup:
             for c, r in zip(self.completions, rewards, strict=True)
         ]
         return dataclasses.replace(self, completions=completions)
-
-
-def group_from_dict(d: Mapping[str, Any]) -> RolloutGroup:
-    """Build a `RolloutGroup` from a plain mapping (JSON, or a protobuf message as a dict).
-
-    Expected keys: ``sample_id``, ``prompt_ids``, ``completions``: a list of mappings with
-    ``token_ids``, ``logprobs``, ``finish_reason``, ``version_start``, ``version_end`` and
-    optionally ``reward``, ``text`` and ``forced_positions``.
-
-    Raises:
-      KeyError: naming the missing key; ValueError: from the dataclass checks.
-    """
-    completions = [
-        Completion(
-            token_ids=[int(t) for t in c["token_ids"]],
-            logprobs=[float(x) for x in c["logprobs"]],
-            finish_reason=str(c["finish_reason"]),
-            version_start=int(c["version_start"]),
-            version_end=int(c["version_end"]),
-            reward=None if c.get("reward") is None else float(c["reward"]),
-            text=c.get("text"),
-            forced_positions=[int(j) for j in c.get("forced_positions", ())],
-        )
-        for c in d["completions"]
-    ]
-    return RolloutGroup(
-        sample_id=str(d["sample_id"]),
-        prompt_ids=[int(t) for t in d["prompt_ids"]],
-        completions=completions,
-    )

@@ -22,4 +22,6 @@ NORMS = (
 FAMILY = Family(
     name="gemma3",
     rules=(EMBED, *NORMS, *ATTENTION, *QK_NORM, *MLP, FINAL_NORM, LM_HEAD),
+    # Gemma 3 text checkpoints say "gemma3_text"; multimodal ones "gemma3" (with a text_config).
+    model_types=("gemma3", "gemma3_text"),
 )

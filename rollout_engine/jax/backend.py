@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import itertools
 import time
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from pydantic import ConfigDict
 
 from rollout_engine.backend import (
     GroupResult,
@@ -32,6 +32,7 @@ from rollout_engine.backend import (
     UpdateStats,
     VersionSpan,
 )
+from rollout_engine.config import JaxOptions
 from rollout_engine.jax.batcher import BatcherConfig
 from rollout_engine.jax.engine import EngineConfig, JaxEngine
 from rollout_engine.jax.sampling import SamplingConfig as JaxSampling
@@ -42,35 +43,24 @@ from transport.expected import checkpoint_tensors
 from transport.manifest import Manifest, check_manifest
 
 
-@dataclasses.dataclass(frozen=True)
-class JaxBackendConfig:
-    """How to start the JAX engine.
+class JaxBackendConfig(JaxOptions):
+    """How to start the JAX engine: the engine options (`rollout_engine.config.JaxOptions`,
+    their one home) plus what the process decides.
 
     Attributes:
         model: HF checkpoint folder. dtype: compute and param dtype ("float32", "bfloat16").
-        num_slots: samples decoded together per replica. max_model_len: positions per slot.
-        prefill_batch, steps_per_call, kv_bucket: see ``BatcherConfig``.
-        replicas, devices_per_replica: see ``EngineConfig``.
-        temperature, top_k, top_p: the sampling every request must ask for (top_k <= 0 and
-            top_p >= 1 are off).
         stop_token_ids: extra ids that end a sample besides the model's EOS ids.
-        seed: base seed. initial_version: the version the checkpoint counts as.
+        initial_version: the version the checkpoint counts as.
+
+    Raises:
+        pydantic.ValidationError: an option out of its range (see `JaxOptions`).
     """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     model: str
     dtype: str = "float32"
-    num_slots: int = 32
-    max_model_len: int = 2048
-    prefill_batch: int = 8
-    steps_per_call: int = 64
-    kv_bucket: int = 128
-    replicas: int = 1
-    devices_per_replica: int = 1
-    temperature: float = 1.0
-    top_k: int = -1
-    top_p: float = 1.0
     stop_token_ids: tuple[int, ...] = ()
-    seed: int = 0
     initial_version: int = 0
 
 

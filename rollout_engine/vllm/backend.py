@@ -24,8 +24,9 @@ import asyncio
 import os
 import time
 import uuid
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import ConfigDict
 
 from rollout_engine.backend import (
     GroupResult,
@@ -35,45 +36,34 @@ from rollout_engine.backend import (
     UpdateStats,
     VersionSpan,
 )
+from rollout_engine.config import VllmOptions
 from rollout_engine.vllm.registry import ENGINE_NAME, register_transfer_engines
 from transport.expected import checkpoint_tensors, num_kv_heads
 from transport.manifest import Manifest, check_manifest
 
 
-@dataclass(frozen=True)
-class VllmBackendConfig:
-    """How to start the engine.
+class VllmBackendConfig(VllmOptions):
+    """How to start the engine: the engine options (`rollout_engine.config.VllmOptions`,
+    their one home: TP degree, context length, seed, KV cache, GPU memory share) plus what
+    the process decides.
 
     Attributes:
         model: HF checkpoint folder (safetensors) the engine starts from.
         dtype: engine dtype as torch names it; every update must arrive in it.
-        tensor_parallel_size: engine TP degree.
-        max_model_len: context length in tokens (prompt + completion).
-        seed: engine sampling seed.
         enforce_eager: skip graph capture/compilation (fast start; needed on CPU here).
-        kv_cache_gib: CPU KV-cache size in GiB (`VLLM_CPU_KVCACHE_SPACE`), if not set already.
-        gpu_memory_utilization: fraction of GPU memory vLLM may take (GPUs only).
         initial_version: the weight version the checkpoint counts as.
+
+    Raises:
+        pydantic.ValidationError: a dtype other than bfloat16/float16/float32, or an option
+            out of its range (see `VllmOptions`).
     """
 
-    model: str
-    dtype: str = "bfloat16"
-    tensor_parallel_size: int = 1
-    max_model_len: int = 2048
-    seed: int = 0
-    enforce_eager: bool = True
-    kv_cache_gib: int = 1
-    gpu_memory_utilization: float = 0.5
-    initial_version: int = 0
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    def __post_init__(self) -> None:
-        if self.dtype not in ("bfloat16", "float16", "float32"):
-            raise ValueError(f"dtype must be bfloat16, float16 or float32, got {self.dtype!r}")
-        if self.tensor_parallel_size < 1 or self.max_model_len < 2:
-            raise ValueError(
-                f"tensor_parallel_size must be >= 1 and max_model_len >= 2, got "
-                f"{self.tensor_parallel_size}, {self.max_model_len}"
-            )
+    model: str
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    enforce_eager: bool = True
+    initial_version: int = 0
 
 
 class VllmBackend(RolloutBackend):

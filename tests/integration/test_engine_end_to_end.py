@@ -10,13 +10,7 @@ One engine process at a time.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import jax
@@ -25,8 +19,6 @@ import numpy as np
 import pytest
 
 from gateway import messages as m
-from gateway.auth import write_tokens
-from gateway.client import GatewayClient
 from trainer.checkpoints.hf_io import load_hf_checkpoint
 from trainer.publish import WeightPublisher
 from transport.config import GlooTransportConfig
@@ -42,72 +34,6 @@ _spec.loader.exec_module(H)
 PROMPTS = [[5, 9, 23, 7], [40, 41, 42], [17, 3, 99, 100, 12, 8, 61]]
 N_GREEDY = 12
 TEMPERATURE = 0.7
-
-
-def _wait_for(what: str, check, timeout_s: float, proc: subprocess.Popen, log: Path):
-    end = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if proc.poll() is not None or time.monotonic() > end:
-            tail = log.read_text()[-4000:] if log.exists() else ""
-            raise AssertionError(f"{what} did not happen (exit {proc.poll()}):\n{tail}")
-        time.sleep(0.2)
-
-
-@contextlib.contextmanager
-def stack(
-    tmp_path: Path,
-    model_a: Path,
-    backend_args: list[str],
-    sigterm: bool = False,
-    family: str = "llama",
-    env: dict[str, str] | None = None,
-):
-    """A gateway process and one engine process on model A; yields (trainer client, engine
-    process, engine log). At exit the trainer shuts the gateway down (or, with `sigterm`, the
-    engine gets SIGTERM and must deregister) and the engine must exit with status 0."""
-    tokens = tmp_path / "tokens.txt"
-    write_tokens(tokens)
-    port_file, gw_log, engine_log = tmp_path / "port", tmp_path / "gw.log", tmp_path / "engine.log"
-    procs: list[subprocess.Popen] = []
-    gw_args = ["--token-file", str(tokens), "--port-file", str(port_file), "--family", family]
-    gw_args += ["--dtype", "float32", "--transport", "gloo", "--log-level", "WARNING"]
-    with open(gw_log, "w") as out:
-        gw = subprocess.Popen([sys.executable, "-m", "gateway", "serve", *gw_args], stderr=out)
-    procs.append(gw)
-    trainer = None
-    try:
-        port = _wait_for("gateway start", lambda: port_file.exists() and port_file.read_text(),
-                         1800, gw, gw_log).strip()  # fmt: skip
-        address = f"127.0.0.1:{port}"
-        args = ["--gateway", address, "--token-file", str(tokens), "--model", str(model_a)]
-        args += ["--dtype", "float32", "--name", "e2e", "--max-concurrent-prompts", "8"]
-        with open(engine_log, "w") as out:
-            engine = subprocess.Popen(
-                [sys.executable, "-m", "rollout_engine", *args, *backend_args],
-                env={**os.environ, **H.CPU_ENV, **(env or {})}, stdout=out,
-                stderr=subprocess.STDOUT,
-            )  # fmt: skip
-        procs.append(engine)
-        trainer = GatewayClient.from_token_file(address, tokens, "trainer")
-        _wait_for("engine registration", lambda: len(trainer.status().engines) == 1,
-                  1800, engine, engine_log)  # fmt: skip
-        yield trainer, engine, engine_log
-        if sigterm:
-            engine.send_signal(signal.SIGTERM)
-            assert engine.wait(1800) == 0, engine_log.read_text()[-4000:]
-            assert len(trainer.status().engines) == 0  # it deregistered on its way out
-        trainer.shutdown("test over")
-        assert engine.wait(1800) == 0, engine_log.read_text()[-4000:]
-    finally:
-        if trainer is not None:
-            trainer.close()
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.kill()
-                p.wait(30)
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +112,7 @@ def _check_sampled_logprobs(trainer, decoder) -> None:
 
 
 def test_vllm_engine_serves_b_after_a_push_over_gloo(tmp_path, models):
-    with stack(tmp_path, models["A"], ["--backend", "vllm", "--vllm-max-model-len", "128"]) as (
+    with H.stack(tmp_path, models["A"], ["--backend", "vllm", "--vllm-max-model-len", "128"]) as (
         trainer, _, _,
     ):  # fmt: skip
         _check_greedy(_submit(trainer, _greedy("a", 0)), "a", models["ref_a"], 0)
@@ -200,7 +126,7 @@ JAX_ARGS += ["--jax-prefill-batch", "4", "--jax-steps-per-call", "8"]
 
 
 def test_jax_engine_greedy_equals_transformers_after_a_push(tmp_path, models):
-    with stack(tmp_path, models["A"], [*JAX_ARGS, "--jax-temperature", "0"]) as (trainer, _, _):
+    with H.stack(tmp_path, models["A"], [*JAX_ARGS, "--jax-temperature", "0"]) as (trainer, _, _):
         _check_greedy(_submit(trainer, _greedy("a", 0)), "a", models["ref_a"], 0)
         _push_b(trainer, models)
         _check_greedy(_submit(trainer, _greedy("b", 1)), "b", models["ref_b"], 1)
@@ -208,7 +134,7 @@ def test_jax_engine_greedy_equals_transformers_after_a_push(tmp_path, models):
 
 def test_jax_engine_sampled_logprobs_match_after_a_push(tmp_path, models):
     args = [*JAX_ARGS, "--jax-temperature", str(TEMPERATURE)]
-    with stack(tmp_path, models["A"], args, sigterm=True) as (trainer, _, _):
+    with H.stack(tmp_path, models["A"], args, sigterm=True) as (trainer, _, _):
         _push_b(trainer, models)
         _check_sampled_logprobs(trainer, models["decoder_b"])
 
@@ -242,7 +168,7 @@ def test_vllm_tp2_engine_receives_only_its_shards_from_fsdp_params(tmp_path, qwe
     args = ["--backend", "vllm", "--vllm-max-model-len", "128", "--vllm-tensor-parallel-size", "2"]
     env = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
     models = qwen2_models
-    with stack(tmp_path, models["A"], args, family="qwen2", env=env) as (trainer, _, _):
+    with H.stack(tmp_path, models["A"], args, family="qwen2", env=env) as (trainer, _, _):
         assert trainer.status().engines[0].tp_size == 2
         _check_greedy(_submit(trainer, _greedy("a", 0)), "a", models["ref_a"], 0)
         stats = _push_b(trainer, models, "qwen2")

@@ -35,7 +35,7 @@ import pytest
 from gateway import messages as m
 from gateway.auth import write_tokens
 from gateway.client import GatewayClient
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, RunSettings
 from gateway.heartbeat import HeartbeatThread
 from protos import gateway_pb2 as gpb
 from protos import gateway_pb2_grpc
@@ -87,7 +87,7 @@ BOUNDS = dict(
     max_group_size=64,
 )
 CONFIG = GatewayConfig(
-    model_family="llama",
+    settings=RunSettings(model_family="llama"),
     heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
     max_concurrent_rpcs=384,
     **BOUNDS,

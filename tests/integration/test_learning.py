@@ -24,7 +24,7 @@ import pytest
 
 from gateway import messages as m
 from gateway.client import GatewayClient
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, RunSettings
 from gateway.server import GatewayServer
 from trainer.build import train_step_from_config
 from trainer.checkpoints.hf_io import load_hf_checkpoint
@@ -103,7 +103,8 @@ def test_reward_rises_above_half(tmp_path, tiny_checkpoint, backend, max_lag):
     ]
 
     server = GatewayServer(
-        GatewayConfig(model_family="llama", dtype="float32", max_wait_s=5.0), TOKENS
+        GatewayConfig(settings=RunSettings(model_family="llama", dtype="float32"), max_wait_s=5.0),
+        TOKENS,
     ).start()
     client = GatewayClient(server.address, TOKENS["trainer"], margin_s=5.0)
     client.configure(m.RunSettings(model_family="llama", dtype="float32", transport="gloo"))

@@ -3,10 +3,11 @@
 leaves no process behind.
 
 Checked from the run folder: weight versions advance 1..steps, every engine ends on the last
-version, metrics.jsonl and TensorBoard events and the plot are written, held-out accuracy is
-measured at versions 0 and `steps`, and no rollout is lost: prompts submitted = groups trained +
-filtered + in flight at the stop, and every group in flight at the stop came back (fetched and
-waiting in the trainer, or taken back by the final evaluation).
+version, metrics.jsonl (with the train step's sampler KL) and TensorBoard events and the plot
+are written, held-out accuracy at versions 0 and `steps` is the mean of the rewards written per
+problem, and no rollout is lost: prompts submitted = groups trained + filtered + in flight
+at the stop, and every group in flight at the stop came back (fetched and waiting in the
+trainer, or taken back by the final evaluation).
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ def test_smoke_job_end_to_end(tmp_path, backend):
     assert [r["step"] for r in metrics] == list(range(1, STEPS + 1))
     assert [r["version"] for r in metrics] == list(range(1, STEPS + 1))
     assert all(r["sync_gb_per_s"] > 0 and r["lag_max"] <= 1 for r in metrics)
+    # the k3 estimate of KL(sampler || trainer) is a mean of non-negative terms
+    assert all(r["train/sampler_kl"] >= 0 for r in metrics)
     assert [r["sync_tp_shards"] for r in metrics] == [2 if backend == "vllm" else 1] * STEPS
     assert (loop["steps"], loop["version"]) == (STEPS, STEPS)
     assert summary["backend"] == backend
@@ -80,8 +83,11 @@ def test_smoke_job_end_to_end(tmp_path, backend):
     for tag, version in (("before", 0), ("after", STEPS)):
         result = summary[f"eval_{tag}"]
         assert (result["version"], result["problems"], result["samples"]) == (version, EVAL, 1)
-        assert 0.0 <= result["accuracy"] <= 1.0
-        assert len(_rows(run_dir / f"eval_{tag}.jsonl")) == EVAL
+        rows = _rows(run_dir / f"eval_{tag}.jsonl")
+        assert len(rows) == EVAL and all(len(r["rewards"]) == 1 for r in rows)  # one sample each
+        # the reported accuracy is the mean of the rewards written per problem
+        rewards = [x for r in rows for x in r["rewards"]]
+        assert result["accuracy"] == pytest.approx(sum(rewards) / EVAL, abs=1e-12)
     assert Path(summary["plot"]).read_bytes()[:4] == b"\x89PNG"
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert summary["exit_codes"] == {"gateway": 0, "engine0": 0}

@@ -1,15 +1,20 @@
 """Shared by the vLLM integration tests (loaded by path): transformers references, the sender
-process handle, and the engine fixture's body."""
+process handle, the engine fixture's body, and `stack` (a gateway and one engine process)."""
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
 
+from gateway.auth import write_tokens
+from gateway.client import GatewayClient
 from transport.manifest import Manifest
 
 SENDER = Path(__file__).with_name("vllm_weight_sender.py")
@@ -101,3 +106,69 @@ def engine_world(model_a: Path, max_model_len: int = 512):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _wait_for(what: str, check, timeout_s: float, proc: subprocess.Popen, log: Path):
+    end = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if proc.poll() is not None or time.monotonic() > end:
+            tail = log.read_text()[-4000:] if log.exists() else ""
+            raise AssertionError(f"{what} did not happen (exit {proc.poll()}):\n{tail}")
+        time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def stack(
+    tmp_path: Path,
+    model_a: Path,
+    backend_args: list[str],
+    sigterm: bool = False,
+    family: str = "llama",
+    env: dict[str, str] | None = None,
+):
+    """A gateway process and one engine process on model A; yields (trainer client, engine
+    process, engine log). At exit the trainer shuts the gateway down (or, with `sigterm`, the
+    engine gets SIGTERM and must deregister) and the engine must exit with status 0."""
+    tokens = tmp_path / "tokens.txt"
+    write_tokens(tokens)
+    port_file, gw_log, engine_log = tmp_path / "port", tmp_path / "gw.log", tmp_path / "engine.log"
+    procs: list[subprocess.Popen] = []
+    gw_args = ["--token-file", str(tokens), "--port-file", str(port_file), "--family", family]
+    gw_args += ["--dtype", "float32", "--transport", "gloo", "--log-level", "WARNING"]
+    with open(gw_log, "w") as out:
+        gw = subprocess.Popen([sys.executable, "-m", "gateway", "serve", *gw_args], stderr=out)
+    procs.append(gw)
+    trainer = None
+    try:
+        port = _wait_for("gateway start", lambda: port_file.exists() and port_file.read_text(),
+                         1800, gw, gw_log).strip()  # fmt: skip
+        address = f"127.0.0.1:{port}"
+        args = ["--gateway", address, "--token-file", str(tokens), "--model", str(model_a)]
+        args += ["--dtype", "float32", "--name", "e2e", "--max-concurrent-prompts", "8"]
+        with open(engine_log, "w") as out:
+            engine = subprocess.Popen(
+                [sys.executable, "-m", "rollout_engine", *args, *backend_args],
+                env={**os.environ, **CPU_ENV, **(env or {})}, stdout=out,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        procs.append(engine)
+        trainer = GatewayClient.from_token_file(address, tokens, "trainer")
+        _wait_for("engine registration", lambda: len(trainer.status().engines) == 1,
+                  1800, engine, engine_log)  # fmt: skip
+        yield trainer, engine, engine_log
+        if sigterm:
+            engine.send_signal(signal.SIGTERM)
+            assert engine.wait(1800) == 0, engine_log.read_text()[-4000:]
+            assert len(trainer.status().engines) == 0  # it deregistered on its way out
+        trainer.shutdown("test over")
+        assert engine.wait(1800) == 0, engine_log.read_text()[-4000:]
+    finally:
+        if trainer is not None:
+            trainer.close()
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.kill()
+                p.wait(30)

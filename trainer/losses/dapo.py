@@ -3,7 +3,7 @@
 Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale", eq. 8: the PPO
 surrogate with clip(r, 1 - eps_low, 1 + eps_high), eps_low = 0.2 and eps_high = 0.28, summed over
 every token of the batch and divided by the total token count. DAPO's dynamic sampling (dropping
-groups whose rewards are all equal) is `trainer.filters.filter_groups(drop_zero_variance=True)`.
+groups whose rewards are all equal) is `trainer.filters.FilterResult.add(drop_zero_variance=True)`.
 """
 
 from __future__ import annotations

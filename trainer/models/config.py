@@ -11,14 +11,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-#: HF `model_type` -> our family name. Gemma 3 text checkpoints say "gemma3_text".
-MODEL_TYPES: dict[str, str] = {
-    "llama": "llama",
-    "qwen2": "qwen2",
-    "qwen3": "qwen3",
-    "gemma3_text": "gemma3",
-    "gemma3": "gemma3",
-}
+from mappings.registry import family_for_model_type
+from mappings.spec import MappingError
+
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -182,11 +177,10 @@ class ModelConfig:
         if model_type == "gemma3" and "text_config" in hf:
             hf = {**hf["text_config"], "model_type": "gemma3_text"}
             model_type = "gemma3_text"
-        if model_type not in MODEL_TYPES:
-            raise UnsupportedModelError(
-                f"model_type {model_type!r} is not supported; supported: {sorted(MODEL_TYPES)}"
-            )
-        family = MODEL_TYPES[str(model_type)]
+        try:
+            family = family_for_model_type(model_type)
+        except MappingError as e:
+            raise UnsupportedModelError(str(e)) from None
         num_heads = int(hf["num_attention_heads"])
         hidden = int(hf["hidden_size"])
         head_dim = int(hf.get("head_dim") or hidden // num_heads)

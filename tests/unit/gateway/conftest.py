@@ -8,7 +8,7 @@ import types
 import pytest
 
 from gateway.client import GatewayClient
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, RunSettings
 from gateway.server import GatewayServer
 from gateway.state import GatewayState
 from protos import gateway_pb2 as gpb
@@ -95,7 +95,7 @@ def server():
     """A server (family "llama", fake clock, short timeouts) with trainer and engine clients."""
     run = start_server(
         GatewayConfig(
-            model_family="llama",
+            settings=RunSettings(model_family="llama"),
             lease_seconds=30.0,
             heartbeat_timeout_s=10.0,
             rollout_capacity=64,

@@ -9,7 +9,7 @@ import pytest
 
 from gateway import messages as m
 from gateway.client import GatewayClient
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, RunSettings
 from gateway.errors import RESOURCE_EXHAUSTED, GatewayError
 from gateway.heartbeat import HeartbeatThread
 from gateway.server import GatewayServer
@@ -39,7 +39,10 @@ def test_config_caps_derive_from_max_concurrent_rpcs_and_leave_threads_free():
 
 def test_long_polls_past_their_cap_are_refused_and_short_calls_still_answer():
     cfg = GatewayConfig(
-        model_family="llama", max_concurrent_rpcs=12, max_long_polls=2, max_heartbeat_polls=2
+        settings=RunSettings(model_family="llama"),
+        max_concurrent_rpcs=12,
+        max_long_polls=2,
+        max_heartbeat_polls=2,
     )
     run = start_server(cfg, clock=FakeClock())
     try:
@@ -79,7 +82,7 @@ def test_long_polls_past_their_cap_are_refused_and_short_calls_still_answer():
 
 def test_a_heartbeat_past_its_cap_answers_at_once_and_still_counts():
     cfg = GatewayConfig(
-        model_family="llama",
+        settings=RunSettings(model_family="llama"),
         heartbeat_timeout_s=30.0,
         max_concurrent_rpcs=12,
         max_long_polls=2,
@@ -125,7 +128,7 @@ class _BlockingStatus(GatewayState):
 
 
 def test_calls_past_max_concurrent_rpcs_get_resource_exhausted_from_grpc():
-    cfg = GatewayConfig(model_family="llama", max_concurrent_rpcs=16)
+    cfg = GatewayConfig(settings=RunSettings(model_family="llama"), max_concurrent_rpcs=16)
     state = _BlockingStatus(cfg)
     srv = GatewayServer(cfg, TOKENS, state=state).start()
     try:

@@ -6,7 +6,7 @@ import pytest
 
 from gateway import messages as m
 from gateway.bounds import RequestBounds
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, RunSettings
 from gateway.errors import GatewayError, clip, shown
 from protos import gateway_pb2 as gpb
 
@@ -80,7 +80,7 @@ def test_shown_and_clip_cut_what_a_message_repeats():
 
 
 def test_10mb_fields_over_the_wire_are_refused_in_under_1kb_and_the_server_serves_on():
-    run = start_server(GatewayConfig(model_family="llama"))
+    run = start_server(GatewayConfig(settings=RunSettings(model_family="llama")))
     huge = "z" * 10_000_000
     try:
         calls = [
@@ -110,7 +110,7 @@ def test_10mb_fields_over_the_wire_are_refused_in_under_1kb_and_the_server_serve
 
 
 def test_an_unknown_long_id_is_shown_cut():
-    run = start_server(GatewayConfig(model_family="llama"))
+    run = start_server(GatewayConfig(settings=RunSettings(model_family="llama")))
     try:
         with pytest.raises(GatewayError) as err:
             run.engine.heartbeat("q" * 200)

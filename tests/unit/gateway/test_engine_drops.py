@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from gateway.client import GatewayClient
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, RunSettings
 from gateway.errors import GatewayError
 from gateway.events import EventLog, read_events
 from gateway.server import GatewayServer
@@ -29,7 +29,9 @@ from protos import gateway_pb2 as gpb
 
 def _state(gw, tmp_path=None):
     clock = gw.FakeClock()
-    cfg = GatewayConfig(model_family="llama", lease_seconds=30.0, heartbeat_timeout_s=10.0)
+    cfg = GatewayConfig(
+        settings=RunSettings(model_family="llama"), lease_seconds=30.0, heartbeat_timeout_s=10.0
+    )
     events = EventLog(tmp_path / "events.jsonl" if tmp_path else None, clock=lambda: clock.t)
     return GatewayState(cfg, clock=clock, events=events), clock
 
@@ -164,7 +166,9 @@ while True:
 
 def test_sigkill_during_the_heartbeat_long_poll_drops_the_engine_at_once(gw, tmp_path):
     # heartbeats every 40 s, timeout 120 s: only the broken long poll can drop it in this test
-    cfg = GatewayConfig(model_family="llama", heartbeat_timeout_s=120.0, max_wait_s=60.0)
+    cfg = GatewayConfig(
+        settings=RunSettings(model_family="llama"), heartbeat_timeout_s=120.0, max_wait_s=60.0
+    )
     srv = GatewayServer(cfg, gw.TOKENS, events_file=tmp_path / "events.jsonl").start()
     trainer = GatewayClient(srv.address, gw.TOKENS["trainer"], margin_s=5.0)
     engine = GatewayClient(srv.address, gw.TOKENS["engine"], margin_s=5.0)
@@ -177,7 +181,7 @@ def test_sigkill_during_the_heartbeat_long_poll_drops_the_engine_at_once(gw, tmp
         )  # fmt: skip
         engine_id, leased = proc.stdout.readline().split()
         assert int(leased) == 2
-        while srv.state.views()[1][engine_id].in_calls == 0:  # its long poll is not in yet
+        while srv.state._engines[engine_id].in_calls == 0:  # its long poll is not in yet
             time.sleep(0.02)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()

@@ -21,7 +21,7 @@ from hypothesis.stateful import (
 )
 
 from gateway.client import GatewayClient
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, RunSettings
 from gateway.errors import GatewayError
 from gateway.server import GatewayServer
 from gateway.state import GatewayState
@@ -41,7 +41,7 @@ class GatewayMachine(RuleBasedStateMachine):
     def start(self):
         self.clock = self.gw.FakeClock()
         config = GatewayConfig(
-            model_family="llama",
+            settings=RunSettings(model_family="llama"),
             lease_seconds=30.0,
             heartbeat_timeout_s=10.0,
             rollout_capacity=12,

@@ -3,7 +3,7 @@ the byte budget, metric sources evicted oldest first, engines capped, status bou
 
 import pytest
 
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, RunSettings
 from gateway.errors import GatewayError
 from gateway.state import GatewayState
 from protos import gateway_pb2 as gpb
@@ -11,9 +11,10 @@ from protos import rollout_pb2 as rpb
 
 
 def _state(gw, **kw):
-    cfg = dict(model_family="llama", lease_seconds=30.0, heartbeat_timeout_s=10.0)
-    cfg.update(kw)
-    return GatewayState(GatewayConfig(**cfg), clock=gw.FakeClock())
+    run = {k: kw.pop(k) for k in list(kw) if k in RunSettings.__dataclass_fields__}
+    cfg = {"lease_seconds": 30.0, "heartbeat_timeout_s": 10.0, **kw}
+    settings = RunSettings(**{"model_family": "llama", **run})
+    return GatewayState(GatewayConfig(settings=settings, **cfg), clock=gw.FakeClock())
 
 
 def _engine(state, gw, name="e"):
@@ -159,7 +160,7 @@ def test_engines_beyond_max_engines_are_refused(gw):
 
 
 def test_status_at_every_bound_stays_under_a_quarter_of_the_largest_message(gw):
-    cfg = GatewayConfig(model_family="llama")
+    cfg = GatewayConfig(settings=RunSettings(model_family="llama"))
     state = GatewayState(cfg, clock=gw.FakeClock())
     names = cfg.max_name_chars
     for i in range(cfg.max_engines):

@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from gateway import messages as m
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, RunSettings
 from gateway.errors import GatewayError
 from gateway.heartbeat import HeartbeatThread
 
@@ -16,7 +16,7 @@ SPEC = m.EngineSpec(backend="jax", model_family="llama", dtype="bf16", transport
 
 
 def test_seven_10mb_metric_sources_are_refused_and_status_answers():
-    run = start_server(GatewayConfig(model_family="llama"))
+    run = start_server(GatewayConfig(settings=RunSettings(model_family="llama")))
     try:
         for i in range(7):
             with pytest.raises(GatewayError) as err:
@@ -29,7 +29,11 @@ def test_seven_10mb_metric_sources_are_refused_and_status_answers():
 
 
 def test_64_long_poll_fetches_do_not_starve_a_heartbeat():
-    run = start_server(GatewayConfig(model_family="llama", heartbeat_timeout_s=1.5, max_wait_s=6.0))
+    run = start_server(
+        GatewayConfig(
+            settings=RunSettings(model_family="llama"), heartbeat_timeout_s=1.5, max_wait_s=6.0
+        )
+    )
     try:
         reg = run.engine.register_engine(SPEC)
         beat = HeartbeatThread(run.engine, reg.engine_id, reg.heartbeat_interval_s).start()

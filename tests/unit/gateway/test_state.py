@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, RunSettings
 from gateway.errors import GatewayError
 from gateway.state import GatewayState
 from gateway.status import format_status
@@ -13,9 +13,10 @@ from protos import gateway_pb2 as gpb
 
 def _state(gw, **kw):
     clock = gw.FakeClock()
-    cfg = dict(model_family="llama", lease_seconds=30.0, heartbeat_timeout_s=10.0)
-    cfg.update(kw)
-    return GatewayState(GatewayConfig(**cfg), clock=clock), clock
+    run = {k: kw.pop(k) for k in list(kw) if k in RunSettings.__dataclass_fields__}
+    cfg = {"lease_seconds": 30.0, "heartbeat_timeout_s": 10.0, **kw}
+    settings = RunSettings(**{"model_family": "llama", **run})
+    return GatewayState(GatewayConfig(settings=settings, **cfg), clock=clock), clock
 
 
 def _key(state, engine_id):

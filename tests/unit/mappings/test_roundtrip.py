@@ -7,7 +7,13 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from mappings.apply import checkpoint_to_params, params_to_engine
-from mappings.registry import available_families, get_family
+from mappings.registry import (
+    available_families,
+    family_for_model_type,
+    get_family,
+    model_types,
+)
+from mappings.spec import MappingError
 from trainer.checkpoints.hf_io import (
     CheckpointReader,
     load_hf_checkpoint,
@@ -18,15 +24,28 @@ from trainer.checkpoints.tiny import TINY_CONFIGS
 from trainer.models.config import ModelConfig
 
 
-def test_every_family_has_a_mapping():
-    assert available_families() == ["gemma3", "llama", "qwen2", "qwen3"]
+def test_every_model_type_selects_a_family_file():
+    table = model_types()
+    assert set(table.values()) == set(available_families())
+    for model_type, name in table.items():
+        assert get_family(name).name == name, model_type
+        assert family_for_model_type(model_type) == name
+    with pytest.raises(MappingError, match="model_type 'bert' is not supported"):
+        family_for_model_type("bert")
 
 
-@pytest.mark.parametrize("variant", sorted(TINY_CONFIGS))
-def test_hf_to_jax_to_hf_is_bit_identical(variant, tiny_checkpoint):
+def test_every_family_has_a_tiny_checkpoint(family_variant):
+    family, variant = family_variant
+    assert variant is not None, f"{family}: no TINY_CONFIGS entry selects it"
+    assert ModelConfig.from_hf({**TINY_CONFIGS[variant], "vocab_size": 64}).family == family
+
+
+def test_hf_to_jax_to_hf_is_bit_identical(family_variant, tiny_checkpoint):
+    name, variant = family_variant
     path = tiny_checkpoint(variant)
     cfg = ModelConfig.from_hf(read_hf_config(path))
-    family = get_family(cfg.family)
+    assert cfg.family == name
+    family = get_family(name)
     reader = CheckpointReader(path)
     params = {r.jax: a for r, a in checkpoint_to_params(family, cfg, reader.read, reader.names())}
     back = dict(params_to_engine(family, cfg, params))

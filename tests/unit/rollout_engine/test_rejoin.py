@@ -30,7 +30,7 @@ def _registered(state, n, timeout_s=20.0):
 
 def _drop(server, engine_id, reason):
     """Drop `engine_id` as its broken connection would (the call carries its own key)."""
-    key = server.state.views()[1][engine_id].key
+    key = server.state._engines[engine_id].key
     return server.state.peer_lost(engine_id, key, reason)
 
 

@@ -15,7 +15,7 @@ from pydantic import TypeAdapter
 
 from gateway import messages as m
 from gateway.client import GatewayClient
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, RunSettings
 from gateway.server import GatewayServer
 from rollout_engine.backend import (
     GroupResult,
@@ -37,8 +37,10 @@ TOKENS = {"trainer": "trainer-token-0123456789", "engine": "engine-token-0123456
 
 def start_gateway(**overrides) -> tuple[GatewayServer, GatewayClient, GatewayClient]:
     """A gateway on a free loopback port (family llama) with trainer and engine clients."""
-    cfg = dict(model_family="llama", heartbeat_timeout_s=6.0, max_wait_s=5.0)
-    server = GatewayServer(GatewayConfig(**{**cfg, **overrides}), TOKENS).start()
+    run = {k: overrides.pop(k) for k in list(overrides) if k in RunSettings.__dataclass_fields__}
+    cfg = {"heartbeat_timeout_s": 6.0, "max_wait_s": 5.0, **overrides}
+    settings = RunSettings(**{"model_family": "llama", **run})
+    server = GatewayServer(GatewayConfig(settings=settings, **cfg), TOKENS).start()
     trainer = GatewayClient(server.address, TOKENS["trainer"], margin_s=5.0)
     engine = GatewayClient(server.address, TOKENS["engine"], margin_s=5.0)
     return server, trainer, engine

@@ -11,7 +11,7 @@ from jax.sharding import PartitionSpec as P
 from trainer.batch import bucket_length, build_rl_batch, shard_batch
 from trainer.logprobs import fused_target_logprobs
 from trainer.losses import make_loss
-from trainer.rollouts import Completion, RolloutGroup, group_from_dict
+from trainer.rollouts import Completion, RolloutGroup
 
 
 def _groups() -> list[RolloutGroup]:
@@ -148,27 +148,14 @@ def test_unscored_and_empty_inputs_raise():
         build_rl_batch([])
 
 
-def test_rollout_checks_and_converter():
+def test_rollout_checks_and_rewards():
     with pytest.raises(ValueError, match="must align"):
         Completion([1, 2], [-0.1], "stop", 0, 0)
     with pytest.raises(ValueError, match="version_start <= version_end"):
         Completion([1], [-0.1], "stop", 2, 1)
     with pytest.raises(ValueError, match="prompt_ids must not be empty"):
         RolloutGroup("x", [], [Completion([1], [-0.1], "stop", 0, 0)])
-    d = {
-        "sample_id": 7,
-        "prompt_ids": [1, 2],
-        "completions": [
-            {
-                "token_ids": [3],
-                "logprobs": [-0.25],
-                "finish_reason": "stop",
-                "version_start": 1,
-                "version_end": 2,
-            }
-        ],
-    }
-    group = group_from_dict(d)
+    group = RolloutGroup("7", [1, 2], [Completion([3], [-0.25], "stop", 1, 2)])
     assert group.sample_id == "7" and group.version_start == 1
     assert group.completions[0].reward is None
     scored = group.with_rewards([0.75])

@@ -2,7 +2,7 @@
 
 import pytest
 
-from trainer.filters import filter_groups, group_lag
+from trainer.filters import FilterResult, group_lag
 from trainer.rollouts import Completion, RolloutGroup
 
 
@@ -12,6 +12,13 @@ def _group(sample_id, starts, rewards):
         for s, r in zip(starts, rewards, strict=True)
     ]
     return RolloutGroup(sample_id, [0], comps)
+
+
+def filter_groups(groups, current_version, max_lag, drop_zero_variance):
+    out = FilterResult()
+    for g in groups:
+        out.add(g, current_version, max_lag, drop_zero_variance)
+    return out
 
 
 GROUPS = [
@@ -33,12 +40,12 @@ def test_lag_and_zero_variance():
     assert [g.sample_id for g in out.kept] == ["fresh", "old", "lag2"]
     assert (out.dropped_lag, out.dropped_zero_variance, out.kept_lags) == (0, 1, [0, 3, 2])
     assert out.metrics() == {
-        "kept_groups": 3.0,
-        "dropped_lag": 0.0,
-        "dropped_zero_variance": 1.0,
-        "lag_min": 0.0,
+        "lag_min": 0,
         "lag_mean": 5 / 3,
-        "lag_max": 3.0,
+        "lag_max": 3,
+        "filtered_lag": 0,
+        "filtered_zero_variance": 1,
+        "filtered_aborted": 0,
     }
 
 
@@ -46,6 +53,18 @@ def test_on_policy_max_lag_zero():
     out = filter_groups(GROUPS, current_version=5, max_lag=0, drop_zero_variance=True)
     assert [g.sample_id for g in out.kept] == ["fresh"]
     assert (out.dropped_lag, out.dropped_zero_variance) == (3, 0)
+
+
+def test_aborted_group_is_dropped_first():
+    comps = [
+        Completion([1], [-0.5], r, s, s + 1, reward=1.0) for r, s in (("abort", 2), ("stop", 5))
+    ]
+    aborted = RolloutGroup("ab", [0], comps)
+    out = FilterResult()
+    assert out.add(aborted, 5, 0, True) == ("aborted", 3)  # not counted as lag nor flat
+    assert out.add(GROUPS[0], 5, 0, True) == ("trained", 0)
+    assert (out.dropped_aborted, out.dropped_lag, out.dropped_zero_variance) == (1, 0, 0)
+    assert [g.sample_id for g in out.kept] == ["fresh"] and out.metrics()["lag_max"] == 0
 
 
 def test_errors():

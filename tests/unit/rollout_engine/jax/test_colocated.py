@@ -208,7 +208,7 @@ def test_backend_target_follows_the_version_and_never_aliases(setup, tiny_checkp
     cfg, _, flat, _, devices = setup
     path = tiny_checkpoint("llama", vocab_size=VOCAB, with_tokenizer=False)
     backend = JaxBackend(
-        JaxBackendConfig(str(path), num_slots=2, max_model_len=WIDTH, temperature=0.0)
+        JaxBackendConfig(model=str(path), num_slots=2, max_model_len=WIDTH, temperature=0.0)
     )
 
     async def run() -> tuple[list[int], tuple]:

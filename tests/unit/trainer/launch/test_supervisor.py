@@ -125,13 +125,15 @@ def test_a_dead_engine_is_deregistered_on_the_gateway_at_once(tmp_path):
     supervisor sees the death; its leased prompts go back to the queue."""
     from gateway import messages as m
     from gateway.client import GatewayClient
-    from gateway.config import GatewayConfig
+    from gateway.config import GatewayConfig, RunSettings
     from gateway.server import GatewayServer
     from protos import gateway_pb2 as gpb
     from trainer.launch.supervisor import deregister_dead
 
     tokens = {"trainer": "trainer-token-0123456789", "engine": "engine-token-0123456789"}
-    srv = GatewayServer(GatewayConfig(model_family="llama", heartbeat_timeout_s=300.0), tokens)
+    srv = GatewayServer(
+        GatewayConfig(settings=RunSettings(model_family="llama"), heartbeat_timeout_s=300.0), tokens
+    )
     srv.start()
     trainer = GatewayClient(srv.address, tokens["trainer"])
     engine = GatewayClient(srv.address, tokens["engine"])

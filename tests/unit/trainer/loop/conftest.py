@@ -14,7 +14,7 @@ import pytest
 
 from gateway import messages as m
 from gateway.client import GatewayClient
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, RunSettings
 from gateway.server import GatewayServer
 
 TOKENS = {"trainer": "trainer-token-0123456789", "engine": "engine-token-0123456789"}
@@ -114,7 +114,10 @@ class VersionPublisher:
 def gateway_run():
     """(server, trainer client, engine thread) on loopback; stopped after the test."""
     config = GatewayConfig(
-        model_family="llama", lease_seconds=30.0, heartbeat_timeout_s=10.0, max_wait_s=5.0
+        settings=RunSettings(model_family="llama"),
+        lease_seconds=30.0,
+        heartbeat_timeout_s=10.0,
+        max_wait_s=5.0,
     )
     server = GatewayServer(config, TOKENS).start()
     trainer = GatewayClient(server.address, TOKENS["trainer"], margin_s=5.0)

@@ -14,7 +14,7 @@ import pytest
 
 from gateway import messages as m
 from gateway.client import GatewayClient
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, RunSettings
 from gateway.server import GatewayServer
 from trainer.config import load_config
 from trainer.loop import AsyncTrainer
@@ -152,6 +152,8 @@ def test_lag_and_zero_variance_filters_with_slow_trainer(tmp_path, gateway_run, 
         assert 0 <= x["idle_fraction"] <= 1 and x["sync_time_s"] >= 0.3
         assert x["tokens_per_s"] > 0 and x["step_time_s"] > 0
         assert math.isfinite(x["train/loss"]) and x["train/grad_norm"] > 0
+        assert x["train/sampler_kl"] >= 0  # k3 estimate: a mean of non-negative terms
+        assert x["completion_len_mean"] == 4.0 and x["padding_fraction"] >= 0
     summary_file = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary_file["submitted"] == summary.submitted
 
@@ -159,7 +161,9 @@ def test_lag_and_zero_variance_filters_with_slow_trainer(tmp_path, gateway_run, 
 def test_no_engine_times_out_with_a_clear_error(tmp_path, tiny_step, kit):
     from trainer.checkpointing import Checkpointer
 
-    server = GatewayServer(GatewayConfig(model_family="llama"), kit.TOKENS).start()
+    server = GatewayServer(
+        GatewayConfig(settings=RunSettings(model_family="llama")), kit.TOKENS
+    ).start()
     client = GatewayClient(server.address, kit.TOKENS["trainer"])
     try:
         with Checkpointer(tmp_path / "ckpt") as ckpt:
@@ -212,7 +216,9 @@ def test_checkpoints_and_resume_resync_engines(tmp_path, gateway_run, tiny_step,
     assert np.array_equal(jax.random.key_data(progress.rng), jax.random.key_data(trainer.rng))
 
     # A resumed trainer against a fresh gateway (version 0): it first pushes its version.
-    server = GatewayServer(GatewayConfig(model_family="llama", max_wait_s=5.0), kit.TOKENS).start()
+    server = GatewayServer(
+        GatewayConfig(settings=RunSettings(model_family="llama"), max_wait_s=5.0), kit.TOKENS
+    ).start()
     fresh = GatewayClient(server.address, kit.TOKENS["trainer"], margin_s=5.0)
     other_engine = type(engine)(server.address)
     other_engine.start()
@@ -293,7 +299,9 @@ def test_stop_request_checkpoints_and_resume_redoes_the_prompts_in_flight(
     with (run_dir / "metrics.jsonl").open("a") as f:
         f.write(json.dumps({"step": 3, "lost": True}) + "\n")
 
-    server = GatewayServer(GatewayConfig(model_family="llama", max_wait_s=5.0), kit.TOKENS).start()
+    server = GatewayServer(
+        GatewayConfig(settings=RunSettings(model_family="llama"), max_wait_s=5.0), kit.TOKENS
+    ).start()
     fresh = GatewayClient(server.address, kit.TOKENS["trainer"], margin_s=5.0)
     other_engine = type(engine)(server.address)
     other_engine.start()

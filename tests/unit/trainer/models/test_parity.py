@@ -7,7 +7,6 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from trainer.checkpoints.hf_io import load_hf_checkpoint
-from trainer.checkpoints.tiny import TINY_CONFIGS
 from trainer.models.kv_cache import KVCache
 
 LENGTHS = [12, 7, 3]
@@ -23,10 +22,11 @@ def _batch(vocab: int) -> tuple[np.ndarray, list[np.ndarray]]:
     return tokens, rows
 
 
-@pytest.mark.parametrize("variant", sorted(TINY_CONFIGS))
-def test_logits_match_transformers_on_right_padded_batch(variant, tiny_checkpoint):
+def test_logits_match_transformers_on_right_padded_batch(family_variant, tiny_checkpoint):
+    family, variant = family_variant
     path = tiny_checkpoint(variant)
     cfg, model = load_hf_checkpoint(path)
+    assert cfg.family == family
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tokens, rows = _batch(cfg.vocab_size)
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
