@@ -92,6 +92,14 @@ def test_loss_equals_naive_path_and_update_raises_objective(model_factory, batch
     assert metrics["sampler_kl"] == pytest.approx(float(expected.metrics["sampler_kl"]), rel=1e-4)
     assert metrics["sampler_kl"] > 0
     assert metrics["grad_norm"] > 0
+    # the gap statistics of the whole batch, from the same log-probs
+    on = np.asarray(batch.loss_mask) > 0
+    ratios = np.exp(np.asarray(before) - np.asarray(batch.sampler_logprobs))[on]
+    assert metrics["gap/all/tokens"] == on.sum()
+    assert metrics["gap/all/sampler_kl"] == pytest.approx(metrics["sampler_kl"], rel=1e-4)
+    assert metrics["gap/all/ratio_min"] == pytest.approx(ratios.min(), rel=1e-5)
+    assert metrics["gap/all/ratio_max"] == pytest.approx(ratios.max(), rel=1e-5)
+    assert metrics["gap/all/ratio_p99"] == pytest.approx(np.percentile(ratios, 99), rel=1e-5)
 
     after = naive(step.model(state))
     mask = batch.loss_mask
