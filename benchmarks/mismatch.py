@@ -102,7 +102,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for case in args.cases.split(","):
             backend, dtype = case.split(":")
-            out = run_case(backend, dtype, model, args.steps, sampling, Path(tmp))
+            try:
+                out = run_case(backend, dtype, model, args.steps, sampling, Path(tmp))
+            except RuntimeError as err:  # report it and go on with the other cases
+                print(f"{case:<14} FAILED: {err}")
+                results[case] = {"error": str(err)[-500:]}
+                continue
             results[case] = out
             for name in ("all", "lag0", "lag1plus"):
                 if f"gap/{name}/tokens" not in out:
@@ -111,7 +116,7 @@ def main() -> None:
                 print(f"{case:<14} {name:<9}{row}")
     final: dict = {"model": args.model, "steps": args.steps, "cases": results}
     fp32, bf16 = results.get("vllm:float32"), results.get("vllm:bfloat16")
-    if fp32 and bf16 and fp32["gap/all/sampler_kl"] > 0:
+    if fp32 and bf16 and fp32.get("gap/all/sampler_kl", 0) > 0 and "error" not in bf16:
         final["vllm_bf16_over_fp32_sampler_kl"] = (
             bf16["gap/all/sampler_kl"] / fp32["gap/all/sampler_kl"]
         )
