@@ -10,7 +10,8 @@ Issue 14: the same at T=0.6, top_p=0.9, top_k=20: the trainer takes its log-prob
 engines' truncated, renormalised distribution (`trainer.truncation`), so every token's ratio
 (``train/gap/all/ratio_min`` and ``ratio_max``) is 1 within 1e-3 and the lag-0 sampler_kl is
 below 1e-6. Without the truncation in the trainer the ratio of a token is off by the mass
-top-k / top-p removed from its row.
+top-k / top-p removed from its row. Measured (8 steps): JAX engine, token ratios in
+[0.999998, 1.000003], lag-0 sampler_kl 7.0e-10; vLLM, [0.999997, 1.000003], 1.3e-9.
 """
 
 from __future__ import annotations
