@@ -98,14 +98,14 @@ def main() -> None:
         f"model {model}, {args.steps} steps at learning rate 0, trainer float32; "
         + " ".join(sampling)
     )
-    print(header)
+    print(header, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for case in args.cases.split(","):
             backend, dtype = case.split(":")
             try:
                 out = run_case(backend, dtype, model, args.steps, sampling, Path(tmp))
             except RuntimeError as err:  # report it and go on with the other cases
-                print(f"{case:<14} FAILED: {err}")
+                print(f"{case:<14} FAILED: {err}", flush=True)
                 results[case] = {"error": str(err)[-500:]}
                 continue
             results[case] = out
@@ -113,14 +113,14 @@ def main() -> None:
                 if f"gap/{name}/tokens" not in out:
                     continue
                 row = "".join(f" {out[f'gap/{name}/{f}']:>12.4g}" for f in FIGURES)
-                print(f"{case:<14} {name:<9}{row}")
+                print(f"{case:<14} {name:<9}{row}", flush=True)
     final: dict = {"model": args.model, "steps": args.steps, "cases": results}
     fp32, bf16 = results.get("vllm:float32"), results.get("vllm:bfloat16")
     if fp32 and bf16 and fp32.get("gap/all/sampler_kl", 0) > 0 and "error" not in bf16:
         final["vllm_bf16_over_fp32_sampler_kl"] = (
             bf16["gap/all/sampler_kl"] / fp32["gap/all/sampler_kl"]
         )
-    print(json.dumps(final))
+    print(json.dumps(final), flush=True)
 
 
 if __name__ == "__main__":
