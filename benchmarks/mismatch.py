@@ -112,7 +112,7 @@ def main() -> None:
             for name in ("all", "lag0", "lag1plus"):
                 if f"gap/{name}/tokens" not in out:
                     continue
-                row = "".join(f" {out[f'gap/{name}/{f}']:>12.4g}" for f in FIGURES)
+                row = "".join(f" {out[f'gap/{name}/{f}']:>12.7g}" for f in FIGURES)
                 print(f"{case:<14} {name:<9}{row}", flush=True)
     final: dict = {"model": args.model, "steps": args.steps, "cases": results}
     fp32, bf16 = results.get("vllm:float32"), results.get("vllm:bfloat16")
