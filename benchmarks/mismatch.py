@@ -13,6 +13,11 @@ figure and the bf16 / fp32 sampler_kl ratio (the reference measured in the same 
 Usage: python benchmarks/mismatch.py [--model smollm2|tiny|HF_DIR] [--steps 3]
     [--cases jax:float32,vllm:float32,vllm:bfloat16] [--temperature 1.0] [--top-p 1.0]
     [--top-k 0]
+
+Measured 2026-12-01 (2-core CPU, SmolLM2-135M-Instruct, 3 steps, T=1, all tokens / lag 0):
+JAX fp32 sampler_kl 3.4e-9 / 3.9e-9, ratio in [0.99996, 1.00004]; vLLM fp32 2.9e-9 / 3.3e-9,
+[0.99994, 1.00002]; vLLM bf16 1.1e-3 / 7.9e-4, [0.704, 1.223], p01 0.882, p99 1.127, 0.58% of
+tokens with |log r| > 0.2; bf16 / fp32 sampler_kl 4.0e5.
 """
 
 from __future__ import annotations
