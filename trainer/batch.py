@@ -27,6 +27,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from trainer.filters import group_lag
 from trainer.losses.advantages import group_advantages
 from trainer.losses.base import LossInputs
 from trainer.rollouts import RolloutGroup
@@ -55,6 +56,9 @@ class RLBatch:
       advantages: [B] float32 group-relative advantages (see `trainer.losses.advantages`).
       group_index: [B] int32 index of the row's group in the input list.
       version_start: [B] int32 weight version at which each completion started.
+      lag: [B] int32 lag of the row's group at the step (trainer version minus the group's
+        oldest version_start, `trainer.filters.group_lag`), for the gap metrics and the
+        corrections that treat stale rows apart.
     """
 
     tokens: np.ndarray | jax.Array
@@ -70,6 +74,7 @@ class RLBatch:
     advantages: np.ndarray | jax.Array
     group_index: np.ndarray | jax.Array
     version_start: np.ndarray | jax.Array
+    lag: np.ndarray | jax.Array
 
     @property
     def num_rows(self) -> int:
@@ -115,6 +120,7 @@ class RLBatch:
             mask=jnp.asarray(self.loss_mask),
             ref_logprobs=ref_logprobs,
             normalizer=normalizer,
+            lag=jnp.asarray(self.lag),
         )
 
 
@@ -149,6 +155,7 @@ def build_rl_batch(
     normalize_std: bool = True,
     eps: float = 1e-6,
     buckets: Sequence[int] | None = None,
+    version: int | None = None,
 ) -> RLBatch:
     """Pad scored rollout groups into an `RLBatch` with numpy (host side).
 
@@ -159,10 +166,12 @@ def build_rl_batch(
       normalize_std: GRPO advantages (divide by the group std + eps) or, if False, Dr. GRPO's.
       eps: see `group_advantages`.
       buckets: allowed padded lengths L (see `bucket_length`).
+      version: the trainer's weight version at the step, for `RLBatch.lag`; None takes the
+        newest ``version_start`` of the groups (the freshest group counts as lag 0).
 
     Raises:
-      ValueError: for no groups, a negative pad_id, an unscored completion, or a sequence
-        longer than every bucket.
+      ValueError: for no groups, a negative pad_id, an unscored completion, a sequence
+        longer than every bucket, or a group started after `version`.
     """
     if not groups:
         raise ValueError("build_rl_batch needs at least one group")
@@ -187,6 +196,8 @@ def build_rl_batch(
         for j in comp.forced_positions:
             mask[i, p - 1 + j] = 0.0
         prompt_lens[i] = p
+    current = max(g.version_start for g in groups) if version is None else int(version)
+    lags = [group_lag(g, current) for g in groups]
     stats = [
         group_advantages(np.array([g.rewards]), normalize_std=normalize_std, eps=eps)
         for g in groups
@@ -205,6 +216,9 @@ def build_rl_batch(
         advantages=np.concatenate([s.advantages[0] for s in stats]),
         group_index=np.array([gi for gi, g in enumerate(groups) for _ in g.completions], np.int32),
         version_start=np.array([c.version_start for _, c in rows], np.int32),
+        lag=np.array(
+            [lag for lag, g in zip(lags, groups, strict=True) for _ in g.completions], np.int32
+        ),
     )
 
 

@@ -7,14 +7,20 @@ from jax.sharding import Mesh
 from trainer.config import Config
 from trainer.losses import make_loss
 from trainer.losses.base import PolicyLoss
+from trainer.losses.corrections import make_correction
 from trainer.models.decoder import Decoder
 from trainer.optim import OptimizerConfig, make_optimizer
 from trainer.train_step import TrainStep
 
 
 def loss_from_config(cfg: Config) -> PolicyLoss:
-    """The registry's loss named by ``cfg.loss.name`` with the section's settings."""
-    return make_loss(cfg.loss.name, **cfg.loss.loss_kwargs())
+    """The registry's loss named by ``cfg.loss.name`` with the section's settings and its
+    off-policy correction (``loss.correction``, `trainer.losses.corrections`)."""
+    s = cfg.loss
+    correction = make_correction(
+        s.correction, tis_cap=s.tis_cap, icepop_beta=s.icepop_beta, decoupled_cap=s.decoupled_cap
+    )
+    return make_loss(s.name, **s.loss_kwargs()).with_correction(correction)
 
 
 def optimizer_config(cfg: Config) -> OptimizerConfig:
@@ -37,14 +43,17 @@ def optimizer_config(cfg: Config) -> OptimizerConfig:
 
 def train_step_from_config(cfg: Config, model: Decoder, mesh: Mesh) -> TrainStep:
     """The compiled `TrainStep` of `model` on `mesh` as `cfg` describes it: the loss, AdamW,
-    the sampling temperature, micro-batches, log-prob chunk size and FSDP threshold; with a KL
-    term (``loss.kl_coef > 0``) `model`, as it is now, becomes the frozen reference."""
+    the sampling temperature and truncation (top-k, top-p), micro-batches, log-prob chunk size
+    and FSDP threshold; with a KL term (``loss.kl_coef > 0``) `model`, as it is now, becomes
+    the frozen reference."""
     step = TrainStep(
         model,
         loss_from_config(cfg),
         make_optimizer(optimizer_config(cfg)),
         mesh,
         temperature=cfg.rollout.temperature,
+        top_k=cfg.rollout.top_k,
+        top_p=cfg.rollout.top_p,
         micro_batches=cfg.trainer.micro_batches,
         chunk_size=cfg.trainer.logprob_chunk_size,
         min_shard_bytes=cfg.trainer.min_shard_bytes,

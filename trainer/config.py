@@ -89,6 +89,16 @@ class LossSection(_Section):
     """Weight of the k3 KL term to a reference model (0: none, no reference kept)."""
     aggregation: Aggregation | None = None
     """Token aggregation for grpo and cispo; None: the loss's default."""
+    correction: Literal["none", "tis_token", "tis_sequence", "icepop", "decoupled_ppo"] = "none"
+    """Off-policy correction applied to the loss (trainer.losses.corrections): truncated
+    importance sampling per token or sequence (Yao et al. 2025), IcePop's masking, or AReaL's
+    decoupled PPO for rows of lag >= 1."""
+    tis_cap: float = Field(default=2.0, gt=0)
+    """C of truncated importance sampling: weights min(pi_trainer / pi_sampler, C)."""
+    icepop_beta: float = Field(default=2.0, gt=1)
+    """IcePop drops tokens whose pi_trainer / pi_sampler leaves [1 / beta, beta]."""
+    decoupled_cap: float | None = Field(default=None, gt=0)
+    """Cap of decoupled PPO's behaviour weight pi_prox / pi_sampler; None: uncapped."""
 
     @model_validator(mode="after")
     def _fixed_aggregation(self) -> LossSection:

@@ -16,6 +16,11 @@ l_i = z_{i, y_i} - logsumexp(z_i), incoming cotangent g_i and a = h W:
     dz_i = g_i (onehot(y_i) - softmax(z_i)),   da = dz s'(a) / tau,   s'(a) = 1 - tanh(a / cap)^2
     dh = da W^T,   dW = sum over chunks of h^T da
 
+With top-k / top-p (the engines' sampling truncation), the logits of each row outside the kept
+set of `trainer.truncation.keep_mask` (the engines' rule; the target always kept) are -inf
+before the log-sum-exp, so l_i is the log-prob under the truncated, renormalised distribution
+and softmax(z_i) is 0 outside the set in the backward pass (the set itself has no gradient).
+
 The LM head runs in float32 at the highest matmul precision whatever the input dtype (the seed's
 advice: the log-probs feed an importance ratio, where bf16 rounding shows up directly).
 
@@ -31,11 +36,18 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from trainer.truncation import keep_mask, truncation_active
+
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def _check(
-    hidden: jax.Array, w: jax.Array, targets: jax.Array, temperature: float, softcap: float | None
+    hidden: jax.Array,
+    w: jax.Array,
+    targets: jax.Array,
+    temperature: float,
+    softcap: float | None,
+    top_p: float = 1.0,
 ) -> None:
     if hidden.ndim < 2:
         raise ValueError(f"hidden must be [..., D]; got shape {hidden.shape}")
@@ -51,6 +63,15 @@ def _check(
         raise ValueError(f"temperature must be > 0; got {temperature}")
     if softcap is not None and not softcap > 0:
         raise ValueError(f"softcap must be > 0 or None; got {softcap}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1]; got {top_p}")
+
+
+def _truncate(z: jax.Array, y: jax.Array, top_k: int, top_p: float) -> jax.Array:
+    """[C, V] logits with the entries the engines' truncation removes at -inf (no-op if off)."""
+    if not truncation_active(top_k, top_p, z.shape[-1]):
+        return z
+    return jnp.where(keep_mask(z, y, top_k=top_k, top_p=top_p), z, -jnp.inf)
 
 
 def naive_target_logprobs(
@@ -60,8 +81,10 @@ def naive_target_logprobs(
     *,
     temperature: float = 1.0,
     softcap: float | None = None,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> jax.Array:
-    """Reference path: full [..., V] float32 logits, log-softmax, gather.
+    """Reference path: full [..., V] float32 logits, truncation, log-softmax, gather.
 
     Args:
       hidden: [..., D] final hidden states (after the final norm), any float dtype.
@@ -69,20 +92,24 @@ def naive_target_logprobs(
       targets: [...] int token ids in [0, V).
       temperature: logits are divided by it (> 0), matching the sampling distribution.
       softcap: if set, logits are cap * tanh(logits / cap) before the temperature.
+      top_k, top_p: the engines' truncation (`trainer.truncation.keep_mask`; 0 and 1 are off).
 
     Returns:
       [...] float32 log-probabilities of `targets`.
 
     Raises:
-      ValueError: on mismatched shapes, non-integer targets, temperature <= 0 or softcap <= 0.
+      ValueError: on mismatched shapes, non-integer targets, temperature <= 0, softcap <= 0 or
+        top_p outside (0, 1].
     """
-    _check(hidden, w, targets, temperature, softcap)
+    _check(hidden, w, targets, temperature, softcap, top_p)
     logits = jnp.einsum(
         "...d,dv->...v", hidden.astype(jnp.float32), w.astype(jnp.float32), precision=_HIGHEST
     )
     if softcap is not None:
         logits = softcap * jnp.tanh(logits / softcap)
-    logp = jax.nn.log_softmax(logits / temperature, axis=-1)
+    z = logits / temperature
+    flat = _truncate(z.reshape(-1, z.shape[-1]), targets.reshape(-1), top_k, top_p)
+    logp = jax.nn.log_softmax(flat.reshape(z.shape), axis=-1)
     return jnp.take_along_axis(logp, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
 
 
@@ -116,12 +143,14 @@ def _chunk_logits(
     return softcap * t / temperature, t
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _fused(h, w, y, chunk_size: int, temperature: float, softcap: float | None):
-    return _fused_fwd(h, w, y, chunk_size, temperature, softcap)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
+def _fused(
+    h, w, y, chunk_size: int, temperature: float, softcap: float | None, top_k: int, top_p: float
+):
+    return _fused_fwd(h, w, y, chunk_size, temperature, softcap, top_k, top_p)[0]
 
 
-def _fused_fwd(h, w, y, chunk_size, temperature, softcap):
+def _fused_fwd(h, w, y, chunk_size, temperature, softcap, top_k, top_p):
     n = h.shape[0]
     chunk, num_chunks = _layout(n, chunk_size)
     w32 = w.astype(jnp.float32)
@@ -129,6 +158,7 @@ def _fused_fwd(h, w, y, chunk_size, temperature, softcap):
     def body(carry, xs):
         h_c, y_c = xs  # [C, D], [C]
         z, _ = _chunk_logits(h_c, w32, temperature, softcap)  # [C, V]
+        z = _truncate(z, y_c, top_k, top_p)
         lse = jax.nn.logsumexp(z, axis=-1)  # [C]
         z_y = jnp.take_along_axis(z, y_c[:, None], axis=-1)[:, 0]  # [C]
         return carry, (z_y - lse, lse)
@@ -138,7 +168,7 @@ def _fused_fwd(h, w, y, chunk_size, temperature, softcap):
     return _unchunked(logp, n), (h, w, y, _unchunked(lse, n))
 
 
-def _fused_bwd(chunk_size, temperature, softcap, residuals, g):
+def _fused_bwd(chunk_size, temperature, softcap, top_k, top_p, residuals, g):
     h, w, y, lse = residuals
     n = h.shape[0]
     chunk, num_chunks = _layout(n, chunk_size)
@@ -147,6 +177,7 @@ def _fused_bwd(chunk_size, temperature, softcap, residuals, g):
     def body(dw, xs):
         h_c, y_c, lse_c, g_c = xs  # [C, D], [C], [C], [C]
         z, t = _chunk_logits(h_c, w32, temperature, softcap)  # [C, V]
+        z = _truncate(z, y_c, top_k, top_p)  # softmax is 0 outside the kept set
         dz = -g_c[:, None] * jnp.exp(z - lse_c[:, None])  # [C, V]: -g * softmax
         dz = dz.at[jnp.arange(dz.shape[0]), y_c].add(g_c)  # + g * onehot(y)
         dz = dz / temperature  # now d loss / d a, up to the soft-cap factor
@@ -175,6 +206,8 @@ def fused_target_logprobs(
     temperature: float = 1.0,
     softcap: float | None = None,
     chunk_size: int = 1024,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> jax.Array:
     """Log-probs of `targets` under softmax(hidden @ w / temperature), in chunks of rows.
 
@@ -192,15 +225,17 @@ def fused_target_logprobs(
         engine's processed (post-temperature) log-probs.
       softcap: the model's final logit soft-cap (``cfg.final_logit_softcap``), or None.
       chunk_size: rows per scan step C (a Python int >= 1); N need not be a multiple of it.
+      top_k, top_p: the engines' sampling truncation (Python int / float; 0 and 1 are off):
+        the log-probs are under the truncated, renormalised distribution (module docstring).
 
     Returns:
       [...] float32 log-probabilities, the shape of `targets`.
 
     Raises:
-      ValueError: on mismatched shapes, non-integer targets, temperature <= 0, softcap <= 0 or
-        chunk_size < 1.
+      ValueError: on mismatched shapes, non-integer targets, temperature <= 0, softcap <= 0,
+        top_p outside (0, 1] or chunk_size < 1.
     """
-    _check(hidden, w, targets, temperature, softcap)
+    _check(hidden, w, targets, temperature, softcap, top_p)
     if int(chunk_size) < 1:
         raise ValueError(f"chunk_size must be >= 1; got {chunk_size}")
     lead = targets.shape
@@ -209,5 +244,5 @@ def fused_target_logprobs(
     if h2.shape[0] == 0:
         return jnp.zeros(lead, jnp.float32)
     cap = None if softcap is None else float(softcap)
-    out = _fused(h2, w, y1, int(chunk_size), float(temperature), cap)
+    out = _fused(h2, w, y1, int(chunk_size), float(temperature), cap, int(top_k), float(top_p))
     return out.reshape(lead)

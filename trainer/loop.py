@@ -43,6 +43,7 @@ from trainer.batch import build_rl_batch
 from trainer.checkpointing import Checkpointer, Progress
 from trainer.config import Config
 from trainer.filters import FilterResult
+from trainer.gap import summarize_gap
 from trainer.models.decoder import Decoder
 from trainer.rollout_source import RolloutSource
 from trainer.rollouts import RolloutGroup
@@ -70,7 +71,8 @@ class LoopSummary:
     version: the weight version; data_frontier / consumed_beyond: the consumed problem
     positions (every one below the frontier, and these above it); stale_groups: groups of an
     earlier attempt that arrived and were dropped; stop_reason: "completed", "interrupted
-    (...)", "running" or the error that ended the run.
+    (...)", "running" or the error that ended the run; gap: the engine-trainer gap over the
+    run's steps (`trainer.gap.summarize_gap`).
     """
 
     steps: int
@@ -85,6 +87,7 @@ class LoopSummary:
     consumed_beyond: tuple[int, ...] = ()
     stale_groups: int = 0
     stop_reason: str = "running"
+    gap: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -164,6 +167,7 @@ class AsyncTrainer:
         self.filtered_lag = 0
         self.filtered_zero_variance = 0
         self.filtered_aborted = 0
+        self._gap_rows: list[dict[str, float]] = []
         self._ahead = config.rollout.prompts_ahead(config.trainer.prompts_per_step)
 
     def resync_engines(self) -> bool:
@@ -248,6 +252,7 @@ class AsyncTrainer:
             consumed_beyond=self.source.ledger.consumed().beyond,
             stale_groups=self.source.stale_groups,
             stop_reason=self.stop_reason,
+            gap=summarize_gap(self._gap_rows),
         )
 
     def _collect(self) -> _Collected | None:
@@ -302,10 +307,12 @@ class AsyncTrainer:
             f.writelines(json.dumps(row) + "\n" for row in got.log)
         self._between_updates = False
         batch = build_rl_batch(
-            got.filtered.kept, pad_id=self.pad_id, normalize_std=self.normalize_std
-        )
+            got.filtered.kept, pad_id=self.pad_id, normalize_std=self.normalize_std,
+            version=self.version,
+        )  # fmt: skip
         t0 = time.perf_counter()
         self.state, train_metrics = self.step(self.state, batch)
+        self._gap_rows.append(train_metrics)
         step_s = time.perf_counter() - t0
         self.version += 1
         t0 = time.perf_counter()

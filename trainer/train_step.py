@@ -27,8 +27,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from trainer.batch import BATCH_AXES, RLBatch, shard_batch
+from trainer.gap import GAP_SETS, gap_metrics
 from trainer.logprobs import fused_target_logprobs
 from trainer.losses.base import PolicyLoss
+from trainer.losses.corrections import CORRECTION_METRICS
 from trainer.models.decoder import Decoder
 from trainer.models.params import flat_params, path_str
 from trainer.sharding import param_sharding
@@ -111,6 +113,8 @@ class TrainStep:
         here, inside one call).
       mesh: a ("dp", "fsdp") mesh (`trainer.sharding.make_mesh`).
       temperature: the engines' sampling temperature (> 0); log-probs are computed under it.
+      top_k, top_p: the engines' sampling truncation (0 and 1: off); log-probs are taken under
+        the truncated, renormalised distribution (`trainer.truncation`).
       micro_batches: k >= 1; B must be divisible by k * dp * fsdp.
       chunk_size: rows per chunk of the fused log-prob kernel.
       min_shard_bytes: params below this size are replicated.
@@ -126,6 +130,8 @@ class TrainStep:
         mesh: Mesh,
         *,
         temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
         micro_batches: int = 1,
         chunk_size: int = 1024,
         min_shard_bytes: int = 1 << 16,
@@ -134,11 +140,15 @@ class TrainStep:
             raise ValueError(f"temperature must be > 0; got {temperature}")
         if micro_batches < 1:
             raise ValueError(f"micro_batches must be >= 1; got {micro_batches}")
+        if top_k < 0 or not 0 < top_p <= 1:
+            raise ValueError(f"need top_k >= 0 and 0 < top_p <= 1; got {top_k}, {top_p}")
         self.template = ModelTemplate(model)
         self.loss = loss
         self.tx = tx
         self.mesh = mesh
         self.temperature = float(temperature)
+        self.top_k = int(top_k)
+        self.top_p = float(top_p)
         self.micro_batches = int(micro_batches)
         self.chunk_size = int(chunk_size)
         self.min_shard_bytes = int(min_shard_bytes)
@@ -201,7 +211,9 @@ class TrainStep:
         ``loss``, ``pg_loss``, ``kl``, ``grad_norm`` (before clipping), ``clip_fraction``,
         ``ratio_mean`` and ``sampler_kl`` (the k3 estimate of KL(pi_sampler || pi_theta) over
         masked tokens, the engine-trainer gap; both token-weighted over micro-batches),
-        ``num_tokens`` (masked tokens).
+        ``num_tokens`` (masked tokens), with a correction its ``correction/...`` token sums
+        (`trainer.losses.corrections`), and the gap statistics ``gap/{all,lag0,lag1plus}/...``
+        of `trainer.gap.gap_metrics` over the whole batch (a set with no token is left out).
 
         Raises:
           ValueError: if B is not divisible by micro_batches * dp * fsdp, or the loss has a KL
@@ -219,7 +231,11 @@ class TrainStep:
             )
         ref = self.ref_params if self.loss.kl_coef > 0 else None
         new_state, metrics = self._jitted(state, shard_batch(batch, self.mesh), ref)
-        return new_state, {k: float(v) for k, v in jax.device_get(metrics).items()}
+        host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        for name in GAP_SETS:
+            if host[f"gap/{name}/tokens"] == 0:
+                host = {k: v for k, v in host.items() if not k.startswith(f"gap/{name}/")}
+        return new_state, host
 
     def _logprobs(self, params: Params, mb: RLBatch) -> jax.Array:
         """[M, L] float32 log-probs of the micro-batch's targets at the sampling temperature."""
@@ -233,13 +249,15 @@ class TrainStep:
             temperature=self.temperature,
             softcap=self.template.cfg.final_logit_softcap,
             chunk_size=self.chunk_size,
+            top_k=self.top_k,
+            top_p=self.top_p,
         )
 
     def _loss(self, params: Params, mb: RLBatch, normalizer: jax.Array, ref: Params | None):
         logp = self._logprobs(params, mb)
         ref_logp = None if ref is None else jax.lax.stop_gradient(self._logprobs(ref, mb))
         out = self.loss(mb.loss_inputs(logp, ref_logprobs=ref_logp, normalizer=normalizer))
-        return out.loss, out.metrics
+        return out.loss, (out.metrics, jax.lax.stop_gradient(logp))
 
     def _split(self, x: jax.Array) -> jax.Array:
         """[B, ...] -> [k, M, ...], micro-batch j holding rows {i * k + j}."""
@@ -256,7 +274,7 @@ class TrainStep:
 
         def body(acc, mb):
             grads, totals = acc
-            (loss, m), g = grad_fn(state.params, mb, normalizer, ref)
+            (loss, (m, logp)), g = grad_fn(state.params, mb, normalizer, ref)
             n = m["num_tokens"]
             grads = jax.tree.map(jnp.add, grads, g)
             totals = {
@@ -267,13 +285,23 @@ class TrainStep:
                 "ratio_mean": totals["ratio_mean"] + m["ratio_mean"] * n,
                 "kl": totals["kl"] + m["kl"] * n,
                 "sampler_kl": totals["sampler_kl"] + m["sampler_kl"] * n,
+                **{k: totals[k] + m[k] for k in extra},
             }
-            return (grads, totals), None
+            return (grads, totals), logp
 
         zeros = jax.tree.map(jnp.zeros_like, state.params)
-        names = ("loss", "pg_loss", "num_tokens", "clip_fraction", "ratio_mean", "kl", "sampler_kl")
+        extra = CORRECTION_METRICS if self.loss.correction is not None else ()
+        names: tuple[str, ...] = ("loss", "pg_loss", "num_tokens", "clip_fraction", "ratio_mean")
+        names += ("kl", "sampler_kl", *extra)
         init = (zeros, {k: jnp.zeros((), jnp.float32) for k in names})
-        (grads, totals), _ = jax.lax.scan(body, init, micro)
+        (grads, totals), logp = jax.lax.scan(body, init, micro)  # logp [k, M, L]
+        length = batch.tokens.shape[1]
+        gap = gap_metrics(
+            logp.reshape(-1, length),
+            micro.sampler_logprobs.reshape(-1, length),
+            micro.loss_mask.reshape(-1, length),
+            micro.lag.reshape(-1),
+        )
         tokens = jnp.maximum(totals["num_tokens"], 1.0)
         updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
@@ -286,5 +314,7 @@ class TrainStep:
             "ratio_mean": totals["ratio_mean"] / tokens,
             "sampler_kl": totals["sampler_kl"] / tokens,
             "num_tokens": totals["num_tokens"],
+            **{k: totals[k] for k in extra},
+            **gap,
         }
         return TrainState(params, opt_state, state.step + 1), metrics

@@ -5,7 +5,8 @@ Reward: the fraction of completion tokens (EOS left out) equal to the target tok
 initial model finds likeliest after the prompts' last position (its chance rate is the initial
 reward, well below 0.5). 30 updates must lift the mean reward above 0.5, both synchronous
 (max_lag=0) and asynchronous (max_lag=1: the engine generates while the trainer steps), with
-the JAX engine and with vLLM.
+the JAX engine and with vLLM; and (issue 14) asynchronously with the JAX engine under each
+off-policy correction of ``loss.correction``.
 """
 
 from __future__ import annotations
@@ -76,10 +77,15 @@ CPU_VLLM_ENV = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("backend", "max_lag"),
-    [("jax", 0), ("jax", 1), pytest.param("vllm", 1, marks=pytest.mark.vllm)],
+    ("backend", "max_lag", "correction"),
+    [
+        ("jax", 0, "none"),
+        ("jax", 1, "none"),
+        pytest.param("vllm", 1, "none", marks=pytest.mark.vllm),
+        *[("jax", 1, c) for c in ("tis_token", "tis_sequence", "icepop", "decoupled_ppo")],
+    ],
 )
-def test_reward_rises_above_half(tmp_path, tiny_checkpoint, backend, max_lag):
+def test_reward_rises_above_half(tmp_path, tiny_checkpoint, backend, max_lag, correction):
     ckpt = tiny_checkpoint("llama", seed=0)
     token_file = tmp_path / "tokens.txt"
     token_file.write_text("".join(f"{k}={v}\n" for k, v in TOKENS.items()))
@@ -94,6 +100,7 @@ def test_reward_rises_above_half(tmp_path, tiny_checkpoint, backend, max_lag):
             "rollout_timeout_s": 120.0,
         },
         optim={"learning_rate": 2e-2, "max_grad_norm": 1.0},
+        loss={"correction": correction},
     )
     model_cfg, model = load_hf_checkpoint(ckpt, dtype="float32")
     problems = [Problem(str(i), "", "", "token_fraction") for i in range(32)]
@@ -157,5 +164,9 @@ def test_reward_rises_above_half(tmp_path, tiny_checkpoint, backend, max_lag):
     assert summary.steps == STEPS and summary.version == STEPS
     assert all(x["lag_max"] <= max_lag for x in metrics)
     assert all(x["sync_gb_per_s"] > 0 for x in metrics)  # weights really moved over gloo
+    if correction != "none":  # the correction ran: its token sums are reported every step
+        assert all(x["train/correction/weight_sum"] > 0 for x in metrics)
+    if correction == "decoupled_ppo":  # stale rows existed, and the gap was split by lag
+        assert any("train/gap/lag1plus/tokens" in x for x in metrics)
     assert rewards[0] < 0.1  # the initial policy: about its probability of the target
     assert np.mean(rewards[-3:]) > 0.5

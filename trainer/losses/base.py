@@ -27,6 +27,8 @@ from typing import ClassVar, Literal
 import jax
 import jax.numpy as jnp
 
+from trainer.losses.corrections import Correction
+
 Aggregation = Literal["seq_mean_token_mean", "token_mean", "seq_sum_constant"]
 AGGREGATIONS: tuple[str, ...] = ("seq_mean_token_mean", "token_mean", "seq_sum_constant")
 
@@ -44,6 +46,8 @@ class LossInputs:
       mask: [B, T] bool or float, 1 on completion tokens that the loss counts, 0 elsewhere.
       ref_logprobs: optional [B, T] float32, log-probs under a frozen reference model (KL term).
       normalizer: optional scalar overriding the aggregation's denominator (see module doc).
+      lag: optional [B] int, each row's lag in weight versions (`RLBatch.lag`); read by the
+        corrections that treat stale rows apart (`trainer.losses.corrections`), None: all 0.
     """
 
     logprobs: jax.Array
@@ -52,6 +56,7 @@ class LossInputs:
     mask: jax.Array
     ref_logprobs: jax.Array | None = None
     normalizer: jax.Array | None = None
+    lag: jax.Array | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -66,7 +71,8 @@ class LossOutput:
         ``kl`` (masked mean of the k3 estimate of KL(pi_theta || pi_ref); 0 without a reference),
         ``sampler_kl`` (k3 estimate of KL(pi_sampler || pi_theta) from the sampled tokens,
         mean of r - 1 - log r: the trainer/engine mismatch plus the policy's drift since sampling),
-        ``pg_loss`` (the policy-gradient part of ``loss``), ``num_tokens`` (masked token count).
+        ``pg_loss`` (the policy-gradient part of ``loss``), ``num_tokens`` (masked token count);
+        with a correction, its ``correction/...`` sums (`trainer.losses.corrections`).
     """
 
     loss: jax.Array
@@ -160,7 +166,9 @@ class PolicyLoss(abc.ABC):
     """A policy-gradient loss: per-token terms, an aggregation and an optional k3 KL term.
 
     Subclasses set `name` and `advantage_std_normalization` (whether the group advantages divide
-    by the group's reward std), and implement `token_terms`.
+    by the group's reward std), and implement `token_terms`. An off-policy correction
+    (`with_correction`) changes the ratio `token_terms` sees and weights or drops its terms, for
+    every loss alike (`trainer.losses.corrections`).
     """
 
     name: ClassVar[str]
@@ -176,6 +184,13 @@ class PolicyLoss(abc.ABC):
         self.aggregation = aggregation
         self.kl_coef = float(kl_coef)
         self.max_tokens = max_tokens
+        self.correction: Correction | None = None
+
+    def with_correction(self, correction: Correction | None) -> PolicyLoss:
+        """Apply `correction` (`trainer.losses.corrections`; None: none) to this loss; returns
+        the loss itself."""
+        self.correction = correction
+        return self
 
     @abc.abstractmethod
     def token_terms(
@@ -203,7 +218,14 @@ class PolicyLoss(abc.ABC):
         # overflows into a NaN that the mask multiply would not remove.
         log_ratio = jnp.where(mask > 0, logprobs - sampler, 0.0)
         ratio = jnp.exp(log_ratio)
-        terms, clipped = self.token_terms(inputs, ratio, token_advantages(inputs))
+        loss_ratio, extra = ratio, {}
+        weight = keep = jnp.ones_like(ratio)
+        if self.correction is not None:
+            lag = jnp.zeros(mask.shape[:1], jnp.int32) if inputs.lag is None else inputs.lag
+            fix = self.correction(logprobs, sampler, mask, lag)
+            loss_ratio, weight, keep, extra = fix.ratio, fix.weight, fix.keep, fix.metrics
+        terms, clipped = self.token_terms(inputs, loss_ratio, token_advantages(inputs))
+        terms = terms * jax.lax.stop_gradient(weight * keep)
         agg = functools.partial(
             aggregate,
             mode=self.aggregation,
@@ -229,5 +251,6 @@ class PolicyLoss(abc.ABC):
             "kl": jax.lax.stop_gradient(kl_mean),
             "sampler_kl": masked_mean(jax.lax.stop_gradient(ratio - 1.0 - log_ratio), mask),
             "num_tokens": jnp.sum(mask),
+            **extra,
         }
         return LossOutput(loss=loss, metrics=metrics)

@@ -222,3 +222,13 @@ def test_alignment_with_a_bigram_engine():
     np.testing.assert_allclose(out.metrics["ratio_mean"], 1.0, atol=1e-5)
     assert float(out.metrics["clip_fraction"]) == 0.0
     assert float(out.metrics["num_tokens"]) == 5 + 2 + 6 + 1
+
+
+def test_lag_per_row_is_the_groups_lag():
+    # group a starts at version 3 (its oldest completion), b at 2
+    batch = build_rl_batch(_groups(), version=4)
+    np.testing.assert_array_equal(batch.lag, [1, 1, 2, 2])
+    # without the step's version the freshest group counts as lag 0
+    np.testing.assert_array_equal(build_rl_batch(_groups()).lag, [0, 0, 1, 1])
+    with pytest.raises(ValueError, match="newer than the trainer's current version 2"):
+        build_rl_batch(_groups(), version=2)

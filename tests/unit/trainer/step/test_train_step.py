@@ -4,6 +4,8 @@ surrogate objective."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -92,6 +94,14 @@ def test_loss_equals_naive_path_and_update_raises_objective(model_factory, batch
     assert metrics["sampler_kl"] == pytest.approx(float(expected.metrics["sampler_kl"]), rel=1e-4)
     assert metrics["sampler_kl"] > 0
     assert metrics["grad_norm"] > 0
+    # the gap statistics of the whole batch, from the same log-probs
+    on = np.asarray(batch.loss_mask) > 0
+    ratios = np.exp(np.asarray(before) - np.asarray(batch.sampler_logprobs))[on]
+    assert metrics["gap/all/tokens"] == on.sum()
+    assert metrics["gap/all/sampler_kl"] == pytest.approx(metrics["sampler_kl"], rel=1e-4)
+    assert metrics["gap/all/ratio_min"] == pytest.approx(ratios.min(), rel=1e-5)
+    assert metrics["gap/all/ratio_max"] == pytest.approx(ratios.max(), rel=1e-5)
+    assert metrics["gap/all/ratio_p99"] == pytest.approx(np.percentile(ratios, 99), rel=1e-5)
 
     after = naive(step.model(state))
     mask = batch.loss_mask
@@ -144,3 +154,37 @@ def test_kl_term_to_a_reference(model_factory, batch_source):
     state, second = step(state, batch_source(1))
     assert second["kl"] > 0  # the policy moved away from the reference
     assert second["loss"] > second["pg_loss"]
+
+
+def test_truncation_and_correction_reach_the_step(model_factory, batch_source):
+    # the step's loss under top-k / top-p and IcePop equals the naive path with the same
+    # truncation and correction, and the correction's counts add up over micro-batches
+    from trainer.losses.corrections import make_correction
+
+    model = model_factory(0)
+    batch = batch_source(0)
+    one = make_mesh(1, 1, devices=jax.devices()[:1])
+    tx = make_optimizer(OptimizerConfig(learning_rate=0.0, total_steps=10))
+
+    def loss():
+        return make_loss("grpo").with_correction(make_correction("icepop", icepop_beta=1.05))
+
+    step = TrainStep(
+        model, loss(), tx, one, temperature=TEMPERATURE, micro_batches=2, chunk_size=16,
+        top_k=7, top_p=0.8,
+    )  # fmt: skip
+    hidden, _ = model.hidden(jnp.asarray(batch.tokens), jnp.asarray(batch.positions))
+    kw = dict(temperature=TEMPERATURE, top_k=7, top_p=0.8)
+    logp = naive_target_logprobs(hidden, model.lm_head_weight(), jnp.asarray(batch.targets), **kw)
+    # even rows: the engine's log-probs are the trainer's (ratio 1, kept); odd rows: the fake's
+    mask = np.asarray(batch.loss_mask)
+    even = (np.arange(batch.num_rows) % 2 == 0)[:, None]
+    sampler = np.where(even, np.asarray(logp) * mask, np.asarray(batch.sampler_logprobs))
+    batch = dataclasses.replace(batch, sampler_logprobs=sampler.astype(np.float32))
+    expected = loss()(batch.loss_inputs(logp))
+    _, metrics = step(step.init_state(model), batch)
+    assert metrics["loss"] == pytest.approx(float(expected.loss), rel=1e-5, abs=1e-7)
+    masked = float(expected.metrics["correction/masked_tokens"])
+    assert metrics["correction/masked_tokens"] == masked
+    assert 0 < masked <= float(mask[1::2].sum())  # only odd rows' tokens can drop out
+    assert metrics["gap/all/ratio_mean"] == pytest.approx(metrics["ratio_mean"], rel=1e-5)
