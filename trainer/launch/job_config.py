@@ -16,6 +16,7 @@ Overrides are ``section.key=value`` (YAML scalars); ``run_dir=PATH`` is short fo
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trainer.config import Config, ConfigError, load_config, read_yaml
+from trainer.rewards.answer_forms import AnswerForm
 
 JOB_SECTIONS = ("data", "eval", "launch")
 ALIASES = {"run_dir": "trainer.run_dir"}
@@ -38,8 +40,10 @@ class _Section(BaseModel):
 class DataSection(_Section):
     """Where training and held-out problems come from."""
 
-    source: Literal["reasoning_gym", "gsm8k"] = "reasoning_gym"
-    """reasoning_gym (procedural, offline) or gsm8k (a JSONL file, math-verify)."""
+    source: Literal["reasoning_gym", "gsm8k", "jsonl"] = "reasoning_gym"
+    """reasoning_gym (procedural, offline), gsm8k (a GSM8K JSONL file, math-verify) or jsonl
+    (any JSONL file: prompt_template over its fields, answer_field read as answer_form,
+    math-verify)."""
     task: str = "chain_sum"
     """reasoning-gym dataset name (source=reasoning_gym)."""
     task_config: dict[str, Any] = Field(default_factory=dict)
@@ -47,10 +51,22 @@ class DataSection(_Section):
     size: int = Field(default=2000, ge=1)
     """Training problems (reasoning-gym: generated; gsm8k: the first `size` lines)."""
     path: str = "../shared/data/gsm8k/train.jsonl"
-    """GSM8K training JSONL (source=gsm8k); relative paths are from the working folder."""
+    """Training JSONL (source=gsm8k or jsonl); relative paths are from the working folder."""
     eval_path: str = ""
-    """GSM8K held-out JSONL; empty: the held-out split is the last eval.size lines of `path`
-    (never trained on). reasoning-gym's held-out split uses seed trainer.seed + 1."""
+    """Held-out JSONL (gsm8k, jsonl); empty: the held-out split is the last eval.size lines of
+    `path` (never trained on). reasoning-gym's held-out split uses seed trainer.seed + 1."""
+    prompt_template: str = "{question}"
+    """source=jsonl: the question shown to the model, a str.format template over the row's
+    fields, e.g. "{Body} {Question}"."""
+    answer_field: str = "answer"
+    """source=jsonl: the row's field holding the gold answer."""
+    answer_form: AnswerForm = "auto"
+    """source=jsonl: how the gold is written in answer_field: number, hash (after '####'),
+    boxed (the last \\boxed{}), regex (answer_regex's match, its group 1 if any) or auto."""
+    answer_regex: str = ""
+    """source=jsonl, answer_form=regex: the pattern."""
+    limit: int | None = Field(default=None, ge=1)
+    """source=jsonl: rows read from the top of each file; None: all."""
     verifier: str | None = None
     """Verifier registry name scoring every problem; None: the source's own (reasoning-gym's
     checker of the last line or <answer> tag; math-verify for gsm8k). "math" scores
@@ -59,6 +75,20 @@ class DataSection(_Section):
     """System message of the chat template; None: the tokenizer's default."""
     suffix: str = ""
     """Text appended to every question (an instruction on the answer format)."""
+
+    @model_validator(mode="after")
+    def _jsonl_keys(self) -> DataSection:
+        from trainer.rewards.jsonl_problems import template_fields
+
+        template_fields(self.prompt_template)  # a bad template fails at config time
+        if self.answer_form == "regex":
+            if not self.answer_regex:
+                raise ValueError("data.answer_form=regex needs data.answer_regex")
+            try:
+                re.compile(self.answer_regex)
+            except re.error as err:
+                raise ValueError(f"data.answer_regex {self.answer_regex!r}: {err}") from None
+        return self
 
 
 class EvalSection(_Section):
