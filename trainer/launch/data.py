@@ -33,16 +33,16 @@ class JobData:
 
 def load_file_problems(job: JobConfig, path: str | Path, limit: int | None = None) -> list[Problem]:
     """The problems of one data file of `job` (data.source gsm8k or jsonl), the first `limit`
-    (and at most data.limit for jsonl).
+    and at most data.limit.
 
     Raises:
       FileNotFoundError: no such file; ValueError: a row the source cannot read (file:line).
     """
     d = job.data
-    if d.source == "gsm8k":
-        return load_gsm8k(path, limit=limit, suffix=d.suffix)
     if d.limit is not None:
         limit = d.limit if limit is None else min(limit, d.limit)
+    if d.source == "gsm8k":
+        return load_gsm8k(path, limit=limit, suffix=d.suffix)
     return load_jsonl_problems(
         path, template=d.prompt_template, answer_field=d.answer_field,
         answer_form=d.answer_form, answer_regex=d.answer_regex, limit=limit, suffix=d.suffix,

@@ -66,7 +66,7 @@ class DataSection(_Section):
     answer_regex: str = ""
     """source=jsonl, answer_form=regex: the pattern."""
     limit: int | None = Field(default=None, ge=1)
-    """source=jsonl: rows read from the top of each file; None: all."""
+    """source=gsm8k or jsonl: rows read from the top of each file; None: all."""
     verifier: str | None = None
     """Verifier registry name scoring every problem; None: the source's own (reasoning-gym's
     checker of the last line or <answer> tag; math-verify for gsm8k). "math" scores
@@ -106,6 +106,13 @@ class EvalSection(_Section):
     timeout_s: float = Field(default=600.0, gt=0)
     """Seconds of silence (no group coming back) after which an evaluation, or the drain of
     in-flight training groups after the stop, fails; the whole evaluation may take longer."""
+    data: str = ""
+    """`python -m trainer eval`: a benchmark name (gsm8k, aime24, amc23, minerva: local files,
+    see trainer.eval.benchmarks) or a PATH.jsonl read with the data.* keys; empty: data.path
+    read as data.source (gsm8k or jsonl)."""
+    out_dir: str = ""
+    """`python -m trainer eval`: the output folder (summary.json, completions.jsonl, logs/);
+    empty: runs/eval."""
 
 
 class LaunchSection(_Section):
