@@ -6,6 +6,8 @@
 - ``eval --model M --data D [--engine vllm|jax] [--samples k] ...``: pass@k, maj@k and lengths of
   a checkpoint on a benchmark or any JSONL, through the engines the main job starts
   (`trainer.eval.run`); every flag is also a config key (``--config``, ``section.key=value``);
+- ``export RUN_DIR[/checkpoints/STEP] OUT_DIR``: a training checkpoint as an HF folder
+  (`trainer.eval.export`);
 - ``parity``: the model-parity demo on SmolLM2 or any HF folder.
 """
 
@@ -33,6 +35,11 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("overrides", nargs="*", help="section.key=value overrides")
     train.add_argument("--log-level", default="WARNING", help="log level of this process")
     _eval_parser(sub)
+    export = sub.add_parser("export", help="a training checkpoint as an HF folder")
+    export.add_argument(
+        "checkpoint", type=Path, help="RUN_DIR (newest) or RUN_DIR/checkpoints/STEP"
+    )
+    export.add_argument("out_dir", type=Path, help="the HF folder to write")
     parity = sub.add_parser("parity", help="JAX vs transformers on one checkpoint")
     parity.add_argument("--model", type=Path, default=None, help="HF folder (default: SmolLM2)")
     parity.add_argument("--prompt", default="What is 17 + 25? Answer with a number.")
@@ -158,6 +165,15 @@ def main(argv: list[str] | None = None) -> int:
         return _train(args)
     if args.command == "eval":
         return _eval(args)
+    if args.command == "export":
+        from trainer.eval.export import export_checkpoint
+
+        try:
+            print(f"wrote {export_checkpoint(args.checkpoint, args.out_dir)}")
+        except FileNotFoundError as err:
+            print(f"export error: {err}", file=sys.stderr)
+            return 2
+        return 0
     if args.command == "parity":
         from trainer.checkpoints.smollm2 import ensure_smollm2
         from trainer.parity import run_parity
