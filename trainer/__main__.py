@@ -74,7 +74,7 @@ def _eval_parser(sub: Any) -> None:
     )
     ev.add_argument("--config", type=Path, default=None, help="YAML job config (optional)")
     helps = {
-        "model": "HF folder, 'smollm2' or 'tiny:VARIANT'",
+        "model": "HF folder, 'smollm2', 'tiny:VARIANT' or RUN_DIR[/checkpoints/STEP]",
         "data": "gsm8k | aime24 | amc23 | minerva (local files) | PATH.jsonl",
         "engine": "vllm | jax",
         "samples": "completions per problem (k of pass@k, maj@k)",

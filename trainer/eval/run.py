@@ -1,13 +1,14 @@
 """`python -m trainer eval`: start the engines the way the main job does, sample every problem,
 score it with math-verify, save one JSONL row per problem and the metrics.
 
-1. resolve the checkpoint (`trainer.launch.model_source`, held against its family's mapping),
+1. resolve the checkpoint (`trainer.launch.model_source`: an HF folder, ``smollm2``,
+   ``tiny:VARIANT``; a ``RUN_DIR[/checkpoints/STEP]`` is exported to ``OUT/model`` first,
+   `trainer.eval.export`), hold it against its family's mapping,
    load the tokenizer and the problems (`trainer.eval.problems`) and size the engines' context,
    all before any process starts;
 2. start the gateway and ``launch.num_engines`` engines of ``rollout.backend`` with
    `trainer.launch.stack` (the main job's launcher; the engines serve the checkpoint's weights,
-   version 0). An eval-only job trains nothing, so its engines sample at the eval temperature:
-   the JAX engine, which compiles its sampling in, is started with it;
+   version 0); both engines take the eval temperature per request;
 3. submit every problem with ``eval.samples`` completions (`trainer.launch.evaluate`), with a
    progress bar, and score them in a thread pool;
 4. write ``OUT/completions.jsonl`` (`trainer.eval.rows`) and ``OUT/summary.json`` (pass@1,
@@ -27,14 +28,6 @@ from typing import Any
 from trainer.launch.job_config import JobConfig
 
 log = logging.getLogger(__name__)
-
-
-def eval_job(job: JobConfig) -> JobConfig:
-    """`job` with the engines' sampling temperature set to the eval temperature (an eval-only
-    job has no training rollouts; the JAX engine samples at the temperature it starts with)."""
-    rollout = job.run.rollout.model_copy(update={"temperature": job.eval_temperature})
-    run = job.run.model_copy(update={"rollout": rollout})
-    return job.model_copy(update={"run": run, "eval": job.eval.model_copy(update={"size": 0})})
 
 
 def out_dir_of(job: JobConfig) -> Path:
@@ -62,18 +55,17 @@ def run_eval(job: JobConfig) -> dict[str, Any]:
     from trainer.launch.data import make_decoder, make_encoder
     from trainer.launch.evaluate import gather_eval_groups
     from trainer.launch.job import _context_length
-    from trainer.launch.model_source import check_checkpoint, resolve_model
+    from trainer.launch.model_source import check_checkpoint
     from trainer.launch.processes import ProcessSet
     from trainer.launch.stack import start_engines, start_gateway, wait_for_engines
     from trainer.models.config import ModelConfig
     from trainer.rewards import MathVerifier, ScoringPool
 
     t0 = time.monotonic()
-    job = eval_job(job)
     out = out_dir_of(job)
     out.mkdir(parents=True, exist_ok=True)
     logging.getLogger("math_verify").setLevel(logging.ERROR)
-    model_path = resolve_model(job.run.model.path, job.run.trainer.seed)
+    model_path = _model_folder(job, out)
     family = ModelConfig.from_hf(read_hf_config(model_path)).family
     check_checkpoint(model_path, family)
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
@@ -136,6 +128,28 @@ def run_eval(job: JobConfig) -> dict[str, Any]:
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def is_run_checkpoint(spec: str) -> bool:
+    """True when `spec` names a run folder (``RUN_DIR/checkpoints``) or one of its
+    ``RUN_DIR/checkpoints/STEP`` folders rather than an HF folder."""
+    path = Path(spec)
+    return (path / "checkpoints").is_dir() or (
+        path.parent.name == "checkpoints" and path.name.isdigit() and path.is_dir()
+    )
+
+
+def _model_folder(job: JobConfig, out: Path) -> Path:
+    """The HF folder the engines load: model.path resolved, or a run's checkpoint exported to
+    ``OUT/model`` first (`trainer.eval.export`)."""
+    from trainer.launch.model_source import resolve_model
+
+    spec = job.run.model.path
+    if spec and is_run_checkpoint(spec):
+        from trainer.eval.export import export_checkpoint
+
+        return export_checkpoint(spec, out / "model")
+    return resolve_model(spec, job.run.trainer.seed)
 
 
 def _progress(show: bool, total: int) -> Any:

@@ -99,8 +99,8 @@ class EvalSection(_Section):
     samples: int = Field(default=1, ge=1)
     """Completions per held-out problem; accuracy is their mean reward."""
     temperature: float | None = Field(default=None, ge=0)
-    """Eval sampling temperature (0: greedy); None: rollout.temperature. The JAX engine
-    compiles its sampling in, so with rollout.backend=jax it must equal rollout.temperature."""
+    """Eval sampling temperature (0: greedy); None: rollout.temperature. Both engines take it
+    per request, so greedy evaluation runs on the engines that sample training at T=1."""
     max_new_tokens: int | None = Field(default=None, ge=1)
     """None: rollout.max_new_tokens."""
     timeout_s: float = Field(default=600.0, gt=0)
@@ -224,21 +224,6 @@ class JobConfig(_Section):
         out = [self.run.rollout.backend]
         out += [b for b in self.launch.engine_backends if b not in out]
         return tuple(out)
-
-    @model_validator(mode="after")
-    def _eval_sampling(self) -> JobConfig:
-        t = self.eval.temperature
-        if (
-            self.run.rollout.backend == "jax"
-            and t is not None
-            and t != self.run.rollout.temperature
-        ):
-            raise ValueError(
-                f"eval.temperature={t} differs from rollout.temperature="
-                f"{self.run.rollout.temperature}: the JAX engine samples every prompt with the "
-                "temperature compiled into it; leave eval.temperature unset or use the same one"
-            )
-        return self
 
     @model_validator(mode="after")
     def _port_range(self) -> JobConfig:
