@@ -68,3 +68,24 @@ def test_canonical_answers_vote_together() -> None:
     keys = [canonical_answer(mv.parse(t, extraction_config=cfg, parsing_timeout=None))
             for t in ("27", "27.0", "so \\boxed{27}", "\\frac{1}{2}", "nothing")]  # fmt: skip
     assert keys == ["27", "27", "27", "0.5", None]
+
+
+def test_a_question_answer_jsonl_evaluates_through_config_alone(tmp_path) -> None:
+    from trainer.eval.problems import eval_problems
+
+    path = tmp_path / "qa.jsonl"
+    path.write_text("".join(f'{{"Question": "{i} + {i}?", "Answer": {2 * i}}}\n' for i in range(4)))
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        "model: {path: 'tiny:smollm2'}\nrollout: {backend: jax}\n"
+        f"data: {{source: jsonl, path: {path}, prompt_template: '{{Question}}', "
+        "answer_field: Answer, limit: 3}\n"
+        "eval: {samples: 4, temperature: 0, max_new_tokens: 8, out_dir: out}\n"
+    )
+    job = load_job_config(config)
+    problems = eval_problems(job)
+    assert [(p.question, p.answer) for p in problems] == [("0 + 0?", "0"), ("1 + 1?", "2"),
+                                                         ("2 + 2?", "4")]  # fmt: skip
+    assert (job.eval.samples, job.eval_temperature, job.eval.max_new_tokens) == (4, 0.0, 8)
+    with pytest.raises(KeyError, match="eval.data: expected one of"):
+        eval_problems(load_job_config(config, ["eval.data=nope"]))
