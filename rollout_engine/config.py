@@ -62,8 +62,10 @@ class VllmOptions(BaseModel):
 
 
 class JaxOptions(BaseModel):
-    """JAX backend settings (see rollout_engine.jax.backend.JaxBackendConfig). The sampling
-    settings are compiled into the engine; every prompt must ask for the same ones."""
+    """JAX backend settings (see rollout_engine.jax.backend.JaxBackendConfig). temperature,
+    top_k and top_p are the engine's default sampling (top_k <= 0 and top_p >= 1 are off):
+    requests carry their own values per slot, but whether a top-k / top-p filter exists at
+    all is compiled in, so an engine started without one refuses a request that asks for it."""
 
     model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid")
 

@@ -3,6 +3,11 @@
 - ``train --config configs/NAME.yaml [key=value ...]``: the main job (gateway, engines and
   trainer on this machine, or the trainer alone with ``launch.gateway=HOST:PORT``); the config
   is validated before any heavy import, so ``--help`` and a bad key answer at once;
+- ``eval --model M --data D [--engine vllm|jax] [--samples k] ...``: pass@k, maj@k and lengths of
+  a checkpoint on a benchmark or any JSONL, through the engines the main job starts
+  (`trainer.eval.run`); every flag is also a config key (``--config``, ``section.key=value``);
+- ``export RUN_DIR[/checkpoints/STEP] OUT_DIR``: a training checkpoint as an HF folder
+  (`trainer.eval.export`);
 - ``parity``: the model-parity demo on SmolLM2 or any HF folder.
 """
 
@@ -14,6 +19,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,11 +34,99 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--config", type=Path, required=True, help="YAML config (configs/*.yaml)")
     train.add_argument("overrides", nargs="*", help="section.key=value overrides")
     train.add_argument("--log-level", default="WARNING", help="log level of this process")
+    _eval_parser(sub)
+    export = sub.add_parser("export", help="a training checkpoint as an HF folder")
+    export.add_argument(
+        "checkpoint", type=Path, help="RUN_DIR (newest) or RUN_DIR/checkpoints/STEP"
+    )
+    export.add_argument("out_dir", type=Path, help="the HF folder to write")
     parity = sub.add_parser("parity", help="JAX vs transformers on one checkpoint")
     parity.add_argument("--model", type=Path, default=None, help="HF folder (default: SmolLM2)")
     parity.add_argument("--prompt", default="What is 17 + 25? Answer with a number.")
     parity.add_argument("--new-tokens", type=int, default=32)
     return parser
+
+
+# eval flag -> the config key it sets (flags win over --config, overrides win over flags)
+EVAL_FLAGS = {
+    "model": "model.path",
+    "data": "eval.data",
+    "engine": "rollout.backend",
+    "samples": "eval.samples",
+    "temperature": "eval.temperature",
+    "max_new_tokens": "eval.max_new_tokens",
+    "out": "eval.out_dir",
+    "prompt_template": "data.prompt_template",
+    "answer_field": "data.answer_field",
+    "answer_form": "data.answer_form",
+    "answer_regex": "data.answer_regex",
+    "limit": "data.limit",
+}
+
+
+def _eval_parser(sub: Any) -> None:
+    ev = sub.add_parser(
+        "eval",
+        help="pass@k / maj@k of a checkpoint on a benchmark or any JSONL",
+        description="Evaluate a checkpoint through the engines the main job starts. Each flag "
+        "sets a config key (shown in brackets); --config gives any of them, and "
+        "section.key=value overrides win over both.",
+    )
+    ev.add_argument("--config", type=Path, default=None, help="YAML job config (optional)")
+    helps = {
+        "model": "HF folder, 'smollm2', 'tiny:VARIANT' or RUN_DIR[/checkpoints/STEP]",
+        "data": "gsm8k | aime24 | amc23 | minerva (local files) | PATH.jsonl",
+        "engine": "vllm | jax",
+        "samples": "completions per problem (k of pass@k, maj@k)",
+        "temperature": "sampling temperature (0: greedy)",
+        "max_new_tokens": "most new tokens per completion",
+        "out": "output folder (summary.json, completions.jsonl, logs/)",
+        "prompt_template": "str.format template over the row's fields, e.g. '{Body} {Question}'",
+        "answer_field": "the row's field holding the gold answer",
+        "answer_form": "auto | number | hash | boxed | regex",
+        "answer_regex": "the pattern of --answer-form regex",
+        "limit": "evaluate the first N problems",
+    }
+    for name, key in EVAL_FLAGS.items():
+        kind = {"samples": int, "max_new_tokens": int, "limit": int, "temperature": float}
+        ev.add_argument(f"--{name.replace('_', '-')}", type=kind.get(name, str), default=None,
+                        help=f"{helps[name]} [{key}]")  # fmt: skip
+    ev.add_argument("overrides", nargs="*", help="section.key=value overrides")
+    ev.add_argument("--log-level", default="WARNING", help="log level of this process")
+
+
+def _eval(args: argparse.Namespace) -> int:
+    import yaml
+
+    from trainer.config import ConfigError
+    from trainer.launch.job_config import load_job_config
+
+    flags = [
+        f"{key}={yaml.safe_dump(getattr(args, name), default_style=chr(39)).strip()}"
+        if isinstance(getattr(args, name), str) else f"{key}={getattr(args, name)}"
+        for name, key in EVAL_FLAGS.items()
+        if getattr(args, name) is not None
+    ]  # fmt: skip
+    try:
+        job = load_job_config(args.config, [*flags, *args.overrides])
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    from trainer.launch.interrupt import install
+
+    install()  # Ctrl-C and SIGTERM stop every child
+    from trainer.eval.run import format_summary, run_eval
+
+    try:
+        summary = run_eval(job)
+    except (FileNotFoundError, KeyError, ValueError) as err:
+        print(f"eval error: {err}", file=sys.stderr)
+        return 2
+    print(format_summary(summary))
+    return 0
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -69,6 +163,17 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "train":
         return _train(args)
+    if args.command == "eval":
+        return _eval(args)
+    if args.command == "export":
+        from trainer.eval.export import export_checkpoint
+
+        try:
+            print(f"wrote {export_checkpoint(args.checkpoint, args.out_dir)}")
+        except FileNotFoundError as err:
+            print(f"export error: {err}", file=sys.stderr)
+            return 2
+        return 0
     if args.command == "parity":
         from trainer.checkpoints.smollm2 import ensure_smollm2
         from trainer.parity import run_parity

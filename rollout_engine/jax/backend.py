@@ -7,8 +7,10 @@ mapping) or, when engine and trainer share one JAX program, as JAX params direct
 (`update_params`, the device-to-device path). Either way each replica switches at its next safe
 point, and every sample carries the version spans it was sampled with.
 
-The sampling settings (temperature, top-k, top-p) and the stop ids are compiled into the decode
-step, so they are engine settings: a request asking for others is refused with a clear error.
+Temperature, top-k and top-p are values per slot (each request's own), so one engine serves
+greedy evaluation and T=1 training; only whether a top-k / top-p filter exists at all is
+compiled in (an engine started with one takes any values per request; one started without
+refuses requests asking for one). The stop ids are compiled into the decode step.
 """
 
 from __future__ import annotations
@@ -118,12 +120,12 @@ class JaxBackend(RolloutBackend):
 
     def _check_sampling(self, s: SamplingConfig) -> None:
         c = self.cfg
-        ours = (c.temperature, max(c.top_k, 0), min(c.top_p, 1.0))
-        theirs = (s.temperature, max(s.top_k, 0), min(s.top_p, 1.0))
-        if ours != theirs:
+        compiled = max(c.top_k, 0) > 0 or c.top_p < 1.0
+        if not compiled and (max(s.top_k, 0) > 0 or s.top_p < 1.0):
             raise ValueError(
-                f"the JAX engine samples with (temperature, top_k, top_p) = {ours}; "
-                f"the request asks for {theirs}"
+                f"the request asks for top_k={s.top_k}, top_p={s.top_p}; this JAX engine was "
+                "started without a top-k / top-p filter (--jax-top-k / --jax-top-p), so its "
+                "compiled sampler has none (temperature is free per request)"
             )
         if s.ignore_eos:
             raise ValueError("the JAX engine cannot ignore EOS per request (ignore_eos=True)")
@@ -146,8 +148,9 @@ class JaxBackend(RolloutBackend):
         self._check_sampling(sampling)
         key = f"{prompt_id}#{next(self._ids)}"
         request = Request(
-            key, tuple(prompt_token_ids), sampling.n, sampling.max_tokens, sampling.seed
-        )
+            key, tuple(prompt_token_ids), sampling.n, sampling.max_tokens, sampling.seed,
+            temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+        )  # fmt: skip
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._groups[key] = (future, [None] * sampling.n, [sampling.n])
         try:

@@ -27,7 +27,7 @@ from flax import nnx
 from rollout_engine.jax.decode import make_decode_loop
 from rollout_engine.jax.insert import make_insert
 from rollout_engine.jax.prefill import PrefillBatch, Prefiller
-from rollout_engine.jax.sampling import SamplingConfig
+from rollout_engine.jax.sampling import RowSampling, SamplingConfig
 from rollout_engine.jax.state import SlotState, init_slots
 from rollout_engine.jax.stops import StopConfig
 from rollout_engine.jax.types import FINISH_REASONS, Request, SampleResult
@@ -94,7 +94,9 @@ class ContinuousBatcher:
     Args:
         model_cfg: the model. graphdef, params: ``nnx.split(decoder)``; params already placed
             on the replica's devices (replicated over ``mesh`` in the sharded mode).
-        cfg: sizes. sampling, stops: static settings.
+        cfg: sizes. sampling: the default of requests that set no temperature / top-k / top-p
+            of their own (each slot samples with its request's; `sampling.truncates` compiles
+            the top-k / top-p filters in). stops: static settings.
         mesh: for the data-parallel mode, a 1-D mesh (axis ``"data"``) over which slots shard.
         version: the weight version of ``params``. replica: index stamped on the results.
     """
@@ -166,7 +168,8 @@ class ContinuousBatcher:
         """Queue every sample of ``requests``.
 
         Raises:
-            ValueError: a prompt plus ``max_new_tokens - 1`` longer than ``max_len``.
+            ValueError: a prompt plus ``max_new_tokens - 1`` longer than ``max_len``; a request
+                asking for top-k / top-p from an engine started without them (compiled out).
         """
         for r in requests:
             need = len(r.prompt) + r.max_new_tokens - 1
@@ -175,9 +178,28 @@ class ContinuousBatcher:
                     f"request {r.prompt_id!r} needs {need} positions (prompt {len(r.prompt)} + "
                     f"max_new_tokens {r.max_new_tokens} - 1), more than max_len={self.cfg.max_len}"
                 )
+            if not self.sampling.truncates and self.sampling_of(r).truncates:
+                raise ValueError(
+                    f"request {r.prompt_id!r} asks for top_k={r.top_k}, top_p={r.top_p}: this "
+                    "engine was started without a top-k / top-p filter (compiled out); start it "
+                    "with one (any values then go per request)"
+                )
         for r in requests:
             keys = sample_keys(self.cfg.seed, r)
             self._queue.extend(_Pending(r, g, keys[g]) for g in range(r.num_samples))
+
+    def sampling_of(self, request: Request) -> SamplingConfig:
+        """The sampling of `request`: its own values, the engine's where it sets none.
+
+        Raises:
+            ValueError: a value out of range (see `SamplingConfig`).
+        """
+        d = self.sampling
+        return SamplingConfig(
+            temperature=d.temperature if request.temperature is None else request.temperature,
+            top_k=d.top_k if request.top_k is None else max(int(request.top_k), 0),
+            top_p=d.top_p if request.top_p is None else min(float(request.top_p), 1.0),
+        )
 
     @property
     def queued(self) -> int:
@@ -268,10 +290,18 @@ class ContinuousBatcher:
             rows = np.zeros(b, np.int32)
             keys = np.zeros((b, 2), np.uint32)
             max_new = np.ones(b, np.int32)
+            temperature = np.ones(b, np.float32)
+            top_k = np.zeros(b, np.int32)
+            top_p = np.ones(b, np.float32)
             for j, (slot, p) in enumerate(members):
                 slots[j], rows[j] = slot, self._prefills[id(p.request)][1]
                 keys[j], max_new[j] = p.key_data, p.request.max_new_tokens
-            self.state = self._insert(self.state, batch, slots, rows, keys, max_new)
+                s = self.sampling_of(p.request)
+                temperature[j], top_k[j], top_p[j] = s.temperature, s.top_k, s.top_p
+            row_sampling = RowSampling(
+                jnp.asarray(temperature), jnp.asarray(top_k), jnp.asarray(top_p)
+            )
+            self.state = self._insert(self.state, batch, slots, rows, keys, max_new, row_sampling)
         for p in take:  # a prompt's prefill is dropped once its last sample is in a slot
             if p.index == p.request.num_samples - 1:  # samples queue in index order
                 self._prefills.pop(id(p.request), None)

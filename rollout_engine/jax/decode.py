@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rollout_engine.jax.sampling import SamplingConfig, sample
+from rollout_engine.jax.sampling import RowSampling, SamplingConfig, sample_rows
 from rollout_engine.jax.state import SlotState
 from rollout_engine.jax.stops import RUNNING, StopConfig, decide
 
@@ -45,7 +45,8 @@ def decode_step(
 
     Args:
         model: a ``trainer.models.decoder.Decoder`` (``model(tokens, positions, cache)``).
-        state: the slot state; sampling, stops: static settings.
+        state: the slot state, with each slot's temperature / top-k / top-p. sampling: static;
+            its `truncates` compiles the top-k / top-p filters in. stops: static settings.
         kv_len: static bound of the attention to cache slots [0, kv_len) (every running
             slot's position must be below it), or None for all S slots.
 
@@ -59,7 +60,9 @@ def decode_step(
         feed = jnp.where(running, state.last, 0)[:, None]  # [B, 1]
         logits, cache = model(feed, state.pos[:, None], state.cache, kv_len)  # [B, 1, V]
     with jax.named_scope("sample"):
-        tokens, logprobs = sample(logits[:, 0], step_keys(state.key_data, state.gen_len), sampling)
+        per_slot = RowSampling(state.temperature, state.top_k, state.top_p)
+        keys = step_keys(state.key_data, state.gen_len)
+        tokens, logprobs = sample_rows(logits[:, 0], keys, per_slot, truncate=sampling.truncates)
     with jax.named_scope("stops"):
         d = decide(
             tokens,
@@ -89,6 +92,9 @@ def decode_step(
         history=jnp.where(running[:, None], d.history, state.history),
         key_data=state.key_data,
         active=state.active,
+        temperature=state.temperature,
+        top_k=state.top_k,
+        top_p=state.top_p,
     )
 
 

@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 from rollout_engine.jax.decode import step_keys
 from rollout_engine.jax.prefill import PrefillBatch
-from rollout_engine.jax.sampling import SamplingConfig, sample
+from rollout_engine.jax.sampling import RowSampling, SamplingConfig, sample_rows
 from rollout_engine.jax.state import SlotState
 from rollout_engine.jax.stops import RUNNING, StopConfig, decide
 
@@ -47,20 +47,27 @@ def first_tokens(
     marker_len: int,
     sampling: SamplingConfig,
     stops: StopConfig,
+    row_sampling: RowSampling | None = None,
 ) -> SlotUpdate:
     """Sample each inserted sample's first completion token from its prompt's prefill logits.
 
     Args:
         pre: the prefilled prompt batch. rows: ``[n]`` int32 prompt row of each sample.
         key_data: ``[n, 2]`` uint32 sample keys. max_new: ``[n]`` int32 completion limits.
-        capacity: C. marker_len: M. sampling, stops: static settings.
+        capacity: C. marker_len: M. sampling, stops: static settings (`sampling.truncates`
+            compiles the top-k / top-p filters in). row_sampling: ``[n]`` settings of each
+            sample's request; None: every sample with `sampling`.
 
     Returns:
         The rows to write; a sample whose first token already ends it is marked finished.
     """
     n = rows.shape[0]
     zero = jnp.zeros(n, jnp.int32)
-    tokens, logprobs = sample(pre.last_logits[rows], step_keys(key_data, zero), sampling)
+    if row_sampling is None:
+        row_sampling = RowSampling.filled(n, sampling)
+    tokens, logprobs = sample_rows(
+        pre.last_logits[rows], step_keys(key_data, zero), row_sampling, truncate=sampling.truncates
+    )
     d = decide(
         tokens,
         logprobs,
@@ -89,6 +96,9 @@ def first_tokens(
         history=d.history,
         key_data=key_data,
         active=jnp.ones(n, bool),
+        temperature=row_sampling.temperature,
+        top_k=row_sampling.top_k,
+        top_p=row_sampling.top_p,
     )
     return SlotUpdate(
         k=tuple(k[rows] for k in pre.cache.k), v=tuple(v[rows] for v in pre.cache.v), rows=new
@@ -149,8 +159,13 @@ def sharded_scatter_rows(mesh: Mesh, axis: str):
     return run
 
 
-def _insert(scatter, capacity, marker_len, sampling, stops, state, pre, slots, rows, keys, max_new):
-    upd = first_tokens(pre, rows, keys, max_new, capacity, marker_len, sampling, stops)
+def _insert(
+    scatter, capacity, marker_len, sampling, stops, state, pre, slots, rows, keys, max_new,
+    row_sampling=None,
+):  # fmt: skip
+    upd = first_tokens(
+        pre, rows, keys, max_new, capacity, marker_len, sampling, stops, row_sampling
+    )
     return scatter(state, upd, slots)
 
 
@@ -163,7 +178,8 @@ def make_insert(
     mesh: Mesh | None = None,
     axis: str = "data",
 ):
-    """Compile ``insert(state, pre, slots, rows, key_data, max_new) -> state`` (state donated).
+    """Compile ``insert(state, pre, slots, rows, key_data, max_new, row_sampling=None) -> state``
+    (state donated).
 
     Args:
         capacity, marker_len: C and M of the state. sampling, stops: static settings.
@@ -171,7 +187,8 @@ def make_insert(
             substitution runs under ``shard_map`` (only the owning device writes).
 
     The call's arrays: ``slots [n]`` int32 (``B`` for padding), ``rows [n]`` int32 prompt rows
-    of ``pre``, ``key_data [n, 2]`` uint32, ``max_new [n]`` int32.
+    of ``pre``, ``key_data [n, 2]`` uint32, ``max_new [n]`` int32, ``row_sampling`` a
+    `RowSampling` of ``[n]`` arrays (None: every sample with `sampling`).
     """
     scatter = scatter_rows if mesh is None else sharded_scatter_rows(mesh, axis)
     fn = partial(_insert, scatter, capacity, marker_len, sampling, stops)

@@ -7,6 +7,10 @@ sampled token under the distribution it was actually drawn from, i.e. after the 
 after the top-k / top-p truncation and renormalisation (vLLM's
 ``logprobs_mode="processed_logprobs"``).
 Order of the transforms follows vLLM's sampler: temperature, then top-k, then top-p.
+
+`sample` takes one static `SamplingConfig` for the whole batch; `sample_rows` takes the settings
+per row (`RowSampling`, values of the slot state), so one compiled engine serves greedy
+evaluation and T=1 training in the same batch, each row drawn exactly as `sample` draws it.
 """
 
 from __future__ import annotations
@@ -48,6 +52,12 @@ class SamplingConfig:
     def greedy(self) -> bool:
         """True when tokens are the argmax (temperature 0)."""
         return self.temperature == 0.0
+
+    @property
+    def truncates(self) -> bool:
+        """True when a top-k or top-p filter is on (an engine started so compiles the filters
+        in, and its requests may then set any top-k / top-p per slot)."""
+        return self.top_k > 0 or self.top_p < 1.0
 
 
 def truncate_logits(logits: jax.Array, *, top_k: int = 0, top_p: float = 1.0) -> jax.Array:
@@ -130,5 +140,92 @@ def sample(
         tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     else:
         tokens = inverse_cdf_draw(logprobs, jax.vmap(jax.random.uniform)(keys))
+    chosen = jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
+    return tokens, chosen.astype(jnp.float32)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RowSampling:
+    """Sampling settings per row (slot), so requests with different settings share a batch.
+
+    Attributes:
+        temperature: ``[B]`` float32, ``0`` = greedy (argmax of the raw logits).
+        top_k: ``[B]`` int32, ``<= 0`` (or ``>= V``) = off.
+        top_p: ``[B]`` float32 in (0, 1], ``>= 1`` = off.
+
+    Each row follows `SamplingConfig`'s semantics for its own values.
+    """
+
+    temperature: jax.Array
+    top_k: jax.Array
+    top_p: jax.Array
+
+    @staticmethod
+    def filled(n: int, config: SamplingConfig) -> RowSampling:
+        """``n`` rows all sampling with `config`."""
+        return RowSampling(
+            temperature=jnp.full(n, config.temperature, jnp.float32),
+            top_k=jnp.full(n, config.top_k, jnp.int32),
+            top_p=jnp.full(n, config.top_p, jnp.float32),
+        )
+
+
+def truncate_logits_rows(logits: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """`truncate_logits` with ``top_k [B]`` and ``top_p [B]`` per row (same rule per row; one
+    descending sort serves both filters).
+
+    Args:
+        logits: ``[B, V]`` float, already divided by the temperature.
+
+    Returns:
+        ``[B, V]`` float32 logits with the removed entries at ``-inf``.
+    """
+    logits = logits.astype(jnp.float32)
+    vocab = logits.shape[-1]
+    neg_inf = jnp.float32(-jnp.inf)
+    k_on = (top_k > 0) & (top_k < vocab)  # [B]
+    sorted_logits = -jnp.sort(-logits, axis=-1)  # [B, V] descending
+    kth = jnp.take_along_axis(sorted_logits, jnp.clip(top_k - 1, 0, vocab - 1)[:, None], axis=-1)
+    logits = jnp.where(k_on[:, None] & (logits < kth), neg_inf, logits)
+    p_on = top_p < 1.0  # [B]
+    probs = jax.nn.softmax(logits, axis=-1)  # [B, V]
+    desc = -jnp.sort(-probs, axis=-1)
+    before = jnp.cumsum(desc, axis=-1) - desc
+    kept = before < top_p[:, None]
+    n_kept = jnp.sum(kept, axis=-1, keepdims=True)
+    floor = jnp.take_along_axis(desc, n_kept - 1, axis=-1)
+    return jnp.where(p_on[:, None] & (probs < floor), neg_inf, logits)
+
+
+def sample_rows(
+    logits: jax.Array, keys: jax.Array, rows: RowSampling, *, truncate: bool
+) -> tuple[jax.Array, jax.Array]:
+    """`sample` with the settings of each row: row b draws as ``sample`` would with
+    ``SamplingConfig(rows.temperature[b], rows.top_k[b], rows.top_p[b])``, so one batch mixes
+    greedy evaluation and T=1 training samples.
+
+    Args:
+        logits: ``[B, V]`` raw logits. keys: ``[B]`` typed PRNG keys (unused by greedy rows).
+        rows: the per-row settings (``[B]`` each).
+        truncate: static; False compiles the top-k / top-p filters out (then every row must have
+            them off: the engine refuses requests that ask for one).
+
+    Returns:
+        ``(tokens [B] int32, logprobs [B] float32)``, each log-prob under its row's sampling
+        distribution (greedy rows: the truncated distribution at temperature 1).
+    """
+    if logits.ndim != 2:
+        raise ValueError(f"logits must be [B, V], got shape {logits.shape}")
+    if keys.shape != logits.shape[:1]:
+        raise ValueError(f"keys must be [B] = {logits.shape[:1]}, got shape {keys.shape}")
+    greedy = rows.temperature == 0.0  # [B]
+    temperature = jnp.where(greedy, jnp.float32(1.0), rows.temperature.astype(jnp.float32))
+    scaled = logits.astype(jnp.float32) / temperature[:, None]
+    if truncate:
+        scaled = truncate_logits_rows(scaled, rows.top_k, rows.top_p)
+    logprobs = jax.nn.log_softmax(scaled, axis=-1)  # [B, V]
+    drawn = inverse_cdf_draw(logprobs, jax.vmap(jax.random.uniform)(keys))
+    tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1).astype(jnp.int32), drawn)
     chosen = jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
     return tokens, chosen.astype(jnp.float32)

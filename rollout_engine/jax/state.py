@@ -37,6 +37,8 @@ class SlotState:
         key_data: ``[B, 2]`` uint32, the raw PRNG key of each sample (token g is drawn with
             ``fold_in(key, g)``, so a draw does not depend on the slot or replica).
         active: ``[B]`` bool, the slot holds a sample (running or finished, not yet collected).
+        temperature: ``[B]`` float32 (0: greedy), top_k ``[B]`` int32 (<= 0: off), top_p ``[B]``
+            float32 (>= 1: off): the sampling of each slot's request (`sampling.RowSampling`).
     """
 
     cache: KVCache
@@ -53,6 +55,9 @@ class SlotState:
     history: jax.Array
     key_data: jax.Array
     active: jax.Array
+    temperature: jax.Array
+    top_k: jax.Array
+    top_p: jax.Array
 
     @property
     def num_slots(self) -> int:
@@ -114,4 +119,7 @@ def init_slots(
         history=jnp.full((b, max(marker_len, 1)), -1, jnp.int32),
         key_data=jnp.zeros((b, 2), jnp.uint32),
         active=jnp.zeros(b, bool),
+        temperature=jnp.ones(b, jnp.float32),
+        top_k=zeros(),
+        top_p=jnp.ones(b, jnp.float32),
     )

@@ -23,6 +23,9 @@ class Request:
         max_new_tokens: completion tokens allowed per sample (the last one included).
         seed: seeds the samples' keys; defaults to a hash of ``prompt_id``. Sample g of a request
             draws the same tokens whatever slot, replica or batch it runs in.
+        temperature, top_k, top_p: this request's sampling (0: greedy; top_k <= 0 and
+            top_p >= 1: off); None: the engine's `SamplingConfig` value. Requests with
+            different settings share the batch.
     """
 
     prompt_id: Hashable
@@ -30,6 +33,9 @@ class Request:
     num_samples: int = 1
     max_new_tokens: int = 128
     seed: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt", tuple(int(t) for t in self.prompt))
@@ -39,6 +45,12 @@ class Request:
             raise ValueError(
                 f"request {self.prompt_id!r}: num_samples must be >= 1, got {self.num_samples}"
             )
+        if self.temperature is not None and not self.temperature >= 0.0:
+            raise ValueError(
+                f"request {self.prompt_id!r}: temperature must be >= 0, got {self.temperature}"
+            )
+        if self.top_p is not None and not self.top_p > 0.0:
+            raise ValueError(f"request {self.prompt_id!r}: top_p must be > 0, got {self.top_p}")
         if self.max_new_tokens < 1:
             raise ValueError(
                 f"request {self.prompt_id!r}: max_new_tokens must be >= 1, "

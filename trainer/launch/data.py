@@ -4,7 +4,8 @@ reasoning-gym: training problems from seed ``trainer.seed``, held-out ones from 
 seed (``trainer.seed + 1_000_003``); questions that also occur in the training set are dropped
 from the held-out split. GSM8K: the training file's first ``data.size`` lines; held-out problems
 from ``data.eval_path``, or else the training file's last ``eval.size`` lines (with ``data.size``
-cut so the two never overlap).
+cut so the two never overlap). jsonl: the same with any JSONL file (data.prompt_template over
+its fields, data.answer_field read as data.answer_form; the first data.limit rows of each file).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from trainer.launch.job_config import JobConfig
 from trainer.rewards import available_verifiers, load_gsm8k, reasoning_gym_problems
 from trainer.rewards.base import Problem
+from trainer.rewards.jsonl_problems import load_jsonl_problems
 
 EVAL_SEED_OFFSET = 1_000_003
 
@@ -29,14 +31,32 @@ class JobData:
     held_out: list[Problem]
 
 
-def _gsm8k(job: JobConfig) -> JobData:
+def load_file_problems(job: JobConfig, path: str | Path, limit: int | None = None) -> list[Problem]:
+    """The problems of one data file of `job` (data.source gsm8k or jsonl), the first `limit`
+    and at most data.limit.
+
+    Raises:
+      FileNotFoundError: no such file; ValueError: a row the source cannot read (file:line).
+    """
+    d = job.data
+    if d.limit is not None:
+        limit = d.limit if limit is None else min(limit, d.limit)
+    if d.source == "gsm8k":
+        return load_gsm8k(path, limit=limit, suffix=d.suffix)
+    return load_jsonl_problems(
+        path, template=d.prompt_template, answer_field=d.answer_field,
+        answer_form=d.answer_form, answer_regex=d.answer_regex, limit=limit, suffix=d.suffix,
+    )  # fmt: skip
+
+
+def _from_files(job: JobConfig) -> JobData:
     d, n_eval = job.data, job.eval.size
     path = Path(d.path)
     if d.eval_path:
-        train = load_gsm8k(path, limit=d.size, suffix=d.suffix)
-        held = load_gsm8k(Path(d.eval_path), limit=n_eval, suffix=d.suffix) if n_eval else []
+        train = load_file_problems(job, path, d.size)
+        held = load_file_problems(job, d.eval_path, n_eval) if n_eval else []
         return JobData(train, held)
-    every = load_gsm8k(path, suffix=d.suffix)
+    every = load_file_problems(job, path)
     if n_eval >= len(every):
         raise ValueError(f"eval.size={n_eval} leaves no training problem in {path}")
     cut = len(every) - n_eval
@@ -63,10 +83,11 @@ def load_job_data(job: JobConfig) -> JobData:
     Every problem is scored by data.verifier when it is set.
 
     Raises:
-      FileNotFoundError: a GSM8K file is missing; ValueError: eval.size takes every line of the
-        file, an unknown data.verifier; reasoning-gym's error for a bad task or config.
+      FileNotFoundError: a data file is missing; ValueError: eval.size takes every line of the
+        file, a row lacking a field (file:line and the field), an unknown data.verifier;
+        reasoning-gym's error for a bad task or config.
     """
-    data = _gsm8k(job) if job.data.source == "gsm8k" else _reasoning_gym(job)
+    data = _reasoning_gym(job) if job.data.source == "reasoning_gym" else _from_files(job)
     name = job.data.verifier
     if name is None:
         return data

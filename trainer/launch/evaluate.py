@@ -52,7 +52,7 @@ class EvalResult:
     seconds: float
 
 
-def evaluate(
+def gather_eval_groups(
     client: GatewayClient,
     problems: Sequence[Problem],
     encode: Callable[[Problem], Sequence[int]],
@@ -64,15 +64,13 @@ def evaluate(
     tag: str,
     timeout_s: float,
     expect_drained: int = 0,
-    out_dir: Path | None = None,
-    decode: Callable[[Sequence[int]], str] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
     timeout_key: str = "eval.timeout_s",
-) -> EvalResult:
-    """Evaluate `problems` at weight `version`; writes ``out_dir/eval_<tag>.jsonl`` (one line per
-    problem: id, rewards, completions decoded by `decode`) when `out_dir` is given.
-    `on_progress(back, total)` is called with the eval groups back so far: once at the start
-    (0) and after every fetch that brought some (a progress bar).
+) -> tuple[list[tuple[Problem, RolloutGroup]], int]:
+    """Submit `problems` as eval prompts at weight `version` (`samples` completions each), and
+    return the scored groups in problem order with the count of training groups fetched
+    meanwhile. `on_progress(back, total)` is called with the eval groups back so far: once at
+    the start (0) and after every fetch that brought some (a progress bar).
 
     Args:
       timeout_s: seconds of silence (no group back, eval or training) after which the wait
@@ -83,11 +81,10 @@ def evaluate(
       ValueError: no problems; TimeoutError: no group (nor any of the `expect_drained`
         training groups) came back for `timeout_s` seconds before all did (the message counts
         what came, from which engines, and names `timeout_key`); GatewayError: the gateway
-        refused the prompts.
+        refused the prompts; what the verifier raised.
     """
     if not problems:
         raise ValueError("evaluate needs at least one held-out problem")
-    t0 = time.monotonic()
     by_id = {f"eval/{tag}/{i}": p for i, p in enumerate(problems)}
     prompts = [
         m.Prompt(
@@ -123,17 +120,47 @@ def evaluate(
                 futures[raw.sample_id] = scoring.score_async(group_from_gateway(raw), problem)
                 if on_progress is not None:
                     on_progress(len(futures), len(prompts))
-    rows = []
-    for sid, future in sorted(futures.items(), key=lambda kv: int(kv[0].rsplit("/", 1)[1])):
-        group = future.result(timeout=timeout_s)
-        rows.append((sid, by_id[sid], group))
-    rewards = np.array([r for _, _, g in rows for r in g.rewards], np.float64)
+    rows = [(by_id[sid], futures[sid].result(timeout=timeout_s)) for sid in by_id]
+    return rows, drained
+
+
+def evaluate(
+    client: GatewayClient,
+    problems: Sequence[Problem],
+    encode: Callable[[Problem], Sequence[int]],
+    scoring: ScoringPool,
+    sampling: m.SamplingParams,
+    *,
+    samples: int,
+    version: int,
+    tag: str,
+    timeout_s: float,
+    expect_drained: int = 0,
+    out_dir: Path | None = None,
+    decode: Callable[[Sequence[int]], str] | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+    timeout_key: str = "eval.timeout_s",
+) -> EvalResult:
+    """Evaluate `problems` at weight `version` (`gather_eval_groups`, whose arguments these
+    are); writes ``out_dir/eval_<tag>.jsonl`` (one line per problem: id, rewards, completions
+    decoded by `decode`) when `out_dir` is given.
+
+    Raises:
+      as `gather_eval_groups`.
+    """
+    t0 = time.monotonic()
+    rows, drained = gather_eval_groups(
+        client, problems, encode, scoring, sampling, samples=samples, version=version, tag=tag,
+        timeout_s=timeout_s, expect_drained=expect_drained, on_progress=on_progress,
+        timeout_key=timeout_key,
+    )  # fmt: skip
+    rewards = np.array([r for _, g in rows for r in g.rewards], np.float64)
     if out_dir is not None:
         with (Path(out_dir) / f"eval_{tag}.jsonl").open("w") as f:
-            for sid, problem, group in rows:
+            for problem, group in rows:
                 texts = [decode(list(c.token_ids)) if decode else None for c in group.completions]
                 line = {
-                    "sample_id": sid,
+                    "sample_id": group.sample_id,
                     "problem_id": problem.problem_id,
                     "answer": problem.answer,
                     "rewards": group.rewards,
@@ -144,7 +171,7 @@ def evaluate(
         tag=tag,
         version=version,
         accuracy=float(rewards.mean()),
-        problems=len(prompts),
+        problems=len(rows),
         samples=samples,
         drained=drained,
         seconds=time.monotonic() - t0,

@@ -16,6 +16,7 @@ Overrides are ``section.key=value`` (YAML scalars); ``run_dir=PATH`` is short fo
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trainer.config import Config, ConfigError, load_config, read_yaml
+from trainer.rewards.answer_forms import AnswerForm
 
 JOB_SECTIONS = ("data", "eval", "launch")
 ALIASES = {"run_dir": "trainer.run_dir"}
@@ -38,8 +40,10 @@ class _Section(BaseModel):
 class DataSection(_Section):
     """Where training and held-out problems come from."""
 
-    source: Literal["reasoning_gym", "gsm8k"] = "reasoning_gym"
-    """reasoning_gym (procedural, offline) or gsm8k (a JSONL file, math-verify)."""
+    source: Literal["reasoning_gym", "gsm8k", "jsonl"] = "reasoning_gym"
+    """reasoning_gym (procedural, offline), gsm8k (a GSM8K JSONL file, math-verify) or jsonl
+    (any JSONL file: prompt_template over its fields, answer_field read as answer_form,
+    math-verify)."""
     task: str = "chain_sum"
     """reasoning-gym dataset name (source=reasoning_gym)."""
     task_config: dict[str, Any] = Field(default_factory=dict)
@@ -47,11 +51,23 @@ class DataSection(_Section):
     size: int = Field(default=2000, ge=1)
     """Training problems (reasoning-gym: generated; gsm8k: the first `size` lines)."""
     path: str = "data/gsm8k/train.jsonl"
-    """GSM8K training JSONL (source=gsm8k); relative paths are from the working folder. The
+    """Training JSONL (source=gsm8k or jsonl); relative paths are from the working folder. The
     default is an example location: point it at your copy of GSM8K's train.jsonl."""
     eval_path: str = ""
-    """GSM8K held-out JSONL; empty: the held-out split is the last eval.size lines of `path`
-    (never trained on). reasoning-gym's held-out split uses seed trainer.seed + 1."""
+    """Held-out JSONL (gsm8k, jsonl); empty: the held-out split is the last eval.size lines of
+    `path` (never trained on). reasoning-gym's held-out split uses seed trainer.seed + 1."""
+    prompt_template: str = "{question}"
+    """source=jsonl: the question shown to the model, a str.format template over the row's
+    fields, e.g. "{Body} {Question}"."""
+    answer_field: str = "answer"
+    """source=jsonl: the row's field holding the gold answer."""
+    answer_form: AnswerForm = "auto"
+    """source=jsonl: how the gold is written in answer_field: number, hash (after '####'),
+    boxed (the last \\boxed{}), regex (answer_regex's match, its group 1 if any) or auto."""
+    answer_regex: str = ""
+    """source=jsonl, answer_form=regex: the pattern."""
+    limit: int | None = Field(default=None, ge=1)
+    """source=gsm8k or jsonl: rows read from the top of each file; None: all."""
     verifier: str | None = None
     """Verifier registry name scoring every problem; None: the source's own (reasoning-gym's
     checker of the last line or <answer> tag; math-verify for gsm8k). "math" scores
@@ -60,6 +76,20 @@ class DataSection(_Section):
     """System message of the chat template; None: the tokenizer's default."""
     suffix: str = ""
     """Text appended to every question (an instruction on the answer format)."""
+
+    @model_validator(mode="after")
+    def _jsonl_keys(self) -> DataSection:
+        from trainer.rewards.jsonl_problems import template_fields
+
+        template_fields(self.prompt_template)  # a bad template fails at config time
+        if self.answer_form == "regex":
+            if not self.answer_regex:
+                raise ValueError("data.answer_form=regex needs data.answer_regex")
+            try:
+                re.compile(self.answer_regex)
+            except re.error as err:
+                raise ValueError(f"data.answer_regex {self.answer_regex!r}: {err}") from None
+        return self
 
 
 class EvalSection(_Section):
@@ -70,13 +100,20 @@ class EvalSection(_Section):
     samples: int = Field(default=1, ge=1)
     """Completions per held-out problem; accuracy is their mean reward."""
     temperature: float | None = Field(default=None, ge=0)
-    """Eval sampling temperature (0: greedy); None: rollout.temperature. The JAX engine
-    compiles its sampling in, so with rollout.backend=jax it must equal rollout.temperature."""
+    """Eval sampling temperature (0: greedy); None: rollout.temperature. Both engines take it
+    per request, so greedy evaluation runs on the engines that sample training at T=1."""
     max_new_tokens: int | None = Field(default=None, ge=1)
     """None: rollout.max_new_tokens."""
     timeout_s: float = Field(default=600.0, gt=0)
     """Seconds of silence (no group coming back) after which an evaluation, or the drain of
     in-flight training groups after the stop, fails; the whole evaluation may take longer."""
+    data: str = ""
+    """`python -m trainer eval`: a benchmark name (gsm8k, aime24, amc23, minerva: local files,
+    see trainer.eval.benchmarks) or a PATH.jsonl read with the data.* keys; empty: data.path
+    read as data.source (gsm8k or jsonl)."""
+    out_dir: str = ""
+    """`python -m trainer eval`: the output folder (summary.json, completions.jsonl, logs/);
+    empty: runs/eval."""
 
 
 class LaunchSection(_Section):
@@ -187,21 +224,6 @@ class JobConfig(_Section):
         """Every backend the run's engines use, once each in engine order
         (launch.engine_backends, else rollout.backend alone)."""
         return tuple(dict.fromkeys(self.launch.engine_backends)) or (self.run.rollout.backend,)
-
-    @model_validator(mode="after")
-    def _eval_sampling(self) -> JobConfig:
-        t = self.eval.temperature
-        if (
-            self.run.rollout.backend == "jax"
-            and t is not None
-            and t != self.run.rollout.temperature
-        ):
-            raise ValueError(
-                f"eval.temperature={t} differs from rollout.temperature="
-                f"{self.run.rollout.temperature}: the JAX engine samples every prompt with the "
-                "temperature compiled into it; leave eval.temperature unset or use the same one"
-            )
-        return self
 
     @model_validator(mode="after")
     def _port_range(self) -> JobConfig:

@@ -55,6 +55,15 @@ class MathVerifier(TextVerifier):
     def _parse(self, text: str) -> list:
         return self._mv.parse(text, extraction_config=self._config, parsing_timeout=None)
 
+    def extract(self, completion: str) -> list:
+        """math-verify's parse of the completion's final answer: ``[sympy value, its text]``,
+        or ``[]`` when there is none (read from the last `max_chars` characters, after a
+        ``####`` marker when there is one)."""
+        text = completion[-self.max_chars :]
+        if "####" in text:
+            text = text.rsplit("####", 1)[1]
+        return self._parse(text)
+
     def score(self, completion: str, problem: Problem) -> float:
         """1.0 or 0.0 (see the class docstring).
 
@@ -64,14 +73,11 @@ class MathVerifier(TextVerifier):
         gold = self._parse(gold_text(problem.answer))
         if not gold:
             raise ValueError(f"problem {problem.problem_id}: cannot parse gold {problem.answer!r}")
-        text = completion[-self.max_chars :]
-        if "####" in text:
-            text = text.rsplit("####", 1)[1]
-        pred = self._parse(text)
+        pred = self.extract(completion)
         if not pred:
             return 0.0
         try:
             return 1.0 if self._mv.verify(gold, pred, timeout_seconds=None) else 0.0
         except Exception:  # sympy can raise on odd expressions: an unverifiable answer scores 0
-            _log.debug("math-verify failed on %r", text, exc_info=True)
+            _log.debug("math-verify failed on %r", pred, exc_info=True)
             return 0.0

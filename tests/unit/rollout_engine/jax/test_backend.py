@@ -54,8 +54,10 @@ def test_groups_refusals_and_a_data_plane_update(tmp_path) -> None:
             groups = await asyncio.gather(
                 *(backend.generate(f"q{i}", p, greedy) for i, p in enumerate(PROMPTS))
             )
-            with pytest.raises(ValueError, match="samples with"):
-                await backend.generate("bad", [1, 2], SamplingConfig(temperature=1.0))
+            with pytest.raises(ValueError, match="started without a top-k / top-p filter"):
+                await backend.generate("bad", [1, 2], SamplingConfig(temperature=1.0, top_k=5))
+            hot = await backend.generate("hot", [1, 2], SamplingConfig(n=3, max_tokens=6))
+            assert len(hot.samples) == 3  # T=1 on the greedy-started engine: per request
             with pytest.raises(ValueError, match="cannot ignore EOS"):
                 await backend.generate(
                     "bad", [1, 2], SamplingConfig(temperature=0.0, ignore_eos=True)

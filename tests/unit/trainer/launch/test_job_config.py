@@ -61,13 +61,13 @@ def test_unknown_section_in_yaml(tmp_path):
         load_job_config(file)
 
 
-def test_jax_eval_temperature_must_match_training():
-    with pytest.raises(ConfigError, match="eval.temperature=0.0 differs"):
-        load_job_config(REPO / "configs" / "smoke.yaml", ["eval.temperature=0"])
-    job = load_job_config(
-        REPO / "configs" / "smoke.yaml", ["rollout.backend=vllm", "eval.temperature=0"]
-    )
-    assert job.eval_temperature == 0.0
+def test_greedy_eval_beside_t1_training_with_either_engine():
+    # the JAX engine takes the temperature per request (rollout_engine.jax.sampling.RowSampling)
+    for backend in ("jax", "vllm"):
+        job = load_job_config(
+            REPO / "configs" / "smoke.yaml", [f"rollout.backend={backend}", "eval.temperature=0"]
+        )
+        assert (job.eval_temperature, job.run.rollout.temperature) == (0.0, 1.0)
 
 
 def test_cli_help_and_bad_key_answer_fast():

@@ -1,0 +1,73 @@
+"""`python -m trainer export RUN_DIR[/checkpoints/STEP] OUT_DIR`: a training checkpoint as an HF
+folder (config.json, model.safetensors, the tokenizer files with the chat template) that
+transformers and vLLM load.
+
+The run's own ``RUN_DIR/config.yaml`` (written by the main job) names the base checkpoint and the
+train step; the orbax checkpoint is restored onto this process's devices through the train
+step's abstract state (params, optimizer moments, step), and its params are written with the
+family's mapping (`trainer.checkpoints.hf_io.save_hf_checkpoint`), in `model.param_dtype`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def locate_checkpoint(path: str | Path) -> tuple[Path, int | None]:
+    """``(RUN_DIR, STEP)`` of ``RUN_DIR`` (STEP None: the newest) or ``RUN_DIR/checkpoints/STEP``.
+
+    Raises:
+      FileNotFoundError: neither form, or no RUN_DIR/config.yaml.
+    """
+    path = Path(path).absolute()
+    if path.parent.name == "checkpoints" and path.name.isdigit():
+        run_dir, step = path.parent.parent, int(path.name)
+    else:
+        run_dir, step = path, None
+    if not (run_dir / "config.yaml").is_file() or not (run_dir / "checkpoints").is_dir():
+        raise FileNotFoundError(
+            f"{path}: expected a run folder (config.yaml, checkpoints/) or RUN_DIR/checkpoints/STEP"
+        )
+    return run_dir, step
+
+
+def export_checkpoint(path: str | Path, out_dir: str | Path) -> Path:
+    """Write the checkpoint at `path` (see `locate_checkpoint`) as an HF folder `out_dir`.
+
+    Returns:
+      `out_dir`.
+
+    Raises:
+      FileNotFoundError: no run folder, no checkpoint (or not that step); ConfigError: the
+        run's config.yaml does not validate.
+    """
+    from trainer.build import train_step_from_config
+    from trainer.checkpointing import Checkpointer
+    from trainer.checkpoints.hf_io import load_hf_checkpoint, read_hf_config, save_hf_checkpoint
+    from trainer.launch.job_config import load_job_config
+    from trainer.launch.model_source import resolve_model
+    from trainer.models.params import model_from_params
+    from trainer.sharding import make_mesh
+
+    run_dir, step = locate_checkpoint(path)
+    job = load_job_config(run_dir / "config.yaml")
+    cfg = job.run
+    base = resolve_model(cfg.model.path, cfg.trainer.seed)
+    model_cfg, model = load_hf_checkpoint(
+        base, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype
+    )
+    import jax
+
+    mesh = make_mesh(1, 1, devices=jax.devices()[:1])
+    train_step = train_step_from_config(cfg, model, mesh)
+    with Checkpointer(run_dir / "checkpoints") as checkpointer:
+        state, _ = checkpointer.restore(train_step.abstract_state(), step)
+    trained = model_from_params(model_cfg, state.params)
+    save_hf_checkpoint(
+        trained,
+        out_dir,
+        hf_config=read_hf_config(base),
+        dtype=cfg.model.param_dtype,
+        tokenizer_from=base,
+    )
+    return Path(out_dir)
