@@ -42,7 +42,12 @@ FIELDS: dict[str, tuple[int, np.dtype]] = {
 }
 
 
-def _checked(batch: RLBatch) -> dict[str, np.ndarray]:
+def batch_fields(batch: RLBatch) -> dict[str, np.ndarray]:
+    """The arrays of `batch` by field name, checked against `FIELDS`.
+
+    Raises:
+      ValueError: a field of another shape or dtype (named, with both).
+    """
     b, length = batch.num_rows, batch.length
     out = {}
     for name, (rank, dtype) in FIELDS.items():
@@ -76,7 +81,7 @@ def share_batch(batch: RLBatch | None) -> RLBatch:
         raise ValueError("share_batch: process 0 owns the batch and passed None")
     arrays, header = None, np.zeros(2, np.int32)
     if source and batch is not None:
-        arrays, header = _checked(batch), np.array([batch.num_rows, batch.length], np.int32)
+        arrays, header = batch_fields(batch), np.array([batch.num_rows, batch.length], np.int32)
     b, length = (int(v) for v in multihost_utils.broadcast_one_to_all(header))
     if arrays is None:
         arrays = {
