@@ -134,7 +134,7 @@ def test_two_processes_take_the_step_of_one(checkpoint: Path, tmp_path: Path):
         assert one[f"{opt}/metric/num_tokens"][0] == two[f"{opt}/metric/num_tokens"][0] == 32
         diffs = {k: np.abs(one[k] - two[k]) for k in names}
         moved = max(float(np.abs(one[k] - init[k.split("/param/")[1]]).max()) for k in names)
-        assert moved > 1e-3  # the step moved the params, so agreeing is not trivial
+        assert moved > 1e-4  # the step moved the params, so agreeing is not trivial
         worst = max(float(d.max()) for d in diffs.values())
         if opt == "sgd":
             assert worst <= 1e-6, worst
