@@ -31,7 +31,7 @@ from trainer.filters import group_lag
 from trainer.losses.advantages import group_advantages
 from trainer.losses.base import LossInputs
 from trainer.rollouts import RolloutGroup
-from trainer.sharding import DATA_AXES
+from trainer.sharding import DATA_AXES, place
 
 BATCH_AXES: tuple[str, ...] = tuple(DATA_AXES)  # ("dp", "fsdp"), from trainer.sharding
 
@@ -233,27 +233,26 @@ def batch_sharding(mesh: Mesh, ndim: int, axes: Sequence[str] = BATCH_AXES) -> N
 def shard_batch(batch: RLBatch, mesh: Mesh, axes: Sequence[str] = BATCH_AXES) -> RLBatch:
     """Put every array of `batch` on `mesh`, split along B over ``('dp', 'fsdp')``.
 
-    Other mesh axes (e.g. 'cp', 'tp') hold replicas. With several processes, each passes its own
-    rows and the result is the global batch (``jax.make_array_from_process_local_data``; rows
-    are ordered by process index).
+    Other mesh axes (e.g. 'cp', 'tp') hold replicas. With several processes, every process
+    passes the same whole batch (`trainer.global_batch.share_batch`) and puts only the rows its
+    own devices hold (`trainer.sharding.place`), so the global array equals the single-process
+    one.
 
     Raises:
-      ValueError: if B (per process) is not divisible by the product of those axes' sizes
-        (per process).
+      ValueError: if B is not divisible by the product of those axes' sizes.
     """
     present = [a for a in axes if a in mesh.axis_names]
     shards = int(np.prod([mesh.shape[a] for a in present])) if present else 1
-    per_process = max(shards // jax.process_count(), 1)
-    if batch.num_rows % per_process:
+    if batch.num_rows % shards:
         raise ValueError(
-            f"batch rows {batch.num_rows} must be divisible by the {per_process} batch shards "
-            f"of mesh axes {tuple(present)} {dict(mesh.shape)} on this process"
+            f"batch rows {batch.num_rows} must be divisible by the {shards} batch shards "
+            f"of mesh axes {tuple(present)} {dict(mesh.shape)}"
         )
 
     def put(x: np.ndarray) -> jax.Array:
         sharding = batch_sharding(mesh, np.ndim(x), axes)
         if jax.process_count() == 1:
             return jax.device_put(x, sharding)
-        return jax.make_array_from_process_local_data(sharding, np.asarray(x))
+        return place(np.asarray(x), sharding)
 
     return jax.tree.map(put, batch)

@@ -28,12 +28,13 @@ from jax.sharding import PartitionSpec as P
 
 from trainer.batch import BATCH_AXES, RLBatch, shard_batch
 from trainer.gap import GAP_SETS, gap_metrics
+from trainer.global_batch import share_batch
 from trainer.logprobs import fused_target_logprobs
 from trainer.losses.base import PolicyLoss
 from trainer.losses.corrections import CORRECTION_METRICS
 from trainer.models.decoder import Decoder
 from trainer.models.params import flat_params, path_str
-from trainer.sharding import param_sharding
+from trainer.sharding import host_value, param_sharding, put
 
 Params = dict[str, jax.Array]
 
@@ -184,28 +185,29 @@ class TrainStep:
     def init_state(self, model: Decoder, step: int = 0) -> TrainState:
         """Copies of `model`'s params placed on the mesh (the model stays valid: steps donate
         the state, never the model's arrays) and a fresh optimizer state there."""
-        params = {
-            k: jax.device_put(v, self._param_shardings[k], may_alias=False)
-            for k, v in flat_params(model).items()
-        }
+        params = {k: put(v, self._param_shardings[k]) for k, v in flat_params(model).items()}
         opt_state = jax.jit(self.tx.init, out_shardings=self._opt_shardings)(params)
         return TrainState(params, opt_state, jax.device_put(jnp.int32(step), self._replicated))
 
     def set_reference(self, model: Decoder) -> None:
         """Keep a frozen copy of `model`'s params (placed like the policy's) as the reference of
         the loss's KL term (e.g. the initial checkpoint)."""
-        self.ref_params = {
-            k: jax.device_put(v, self._param_shardings[k], may_alias=False)
-            for k, v in flat_params(model).items()
-        }
+        flat = flat_params(model)
+        self.ref_params = {k: put(v, self._param_shardings[k]) for k, v in flat.items()}
 
     def model(self, state: TrainState) -> Decoder:
         """The Decoder viewing `state.params` (for publishing weights or evaluation); valid
         until the next step, which donates the state's buffers."""
         return self.template.merge(state.params)
 
-    def __call__(self, state: TrainState, batch: RLBatch) -> tuple[TrainState, dict[str, float]]:
+    def __call__(
+        self, state: TrainState, batch: RLBatch | None
+    ) -> tuple[TrainState, dict[str, float]]:
         """One update on `batch` (host numpy, see `trainer.batch.build_rl_batch`).
+
+        With several processes (`trainer.distributed`) every process calls it at the same
+        step; process 0 passes the batch, the others None (`trainer.global_batch.share_batch`
+        broadcasts it), and every process gets the same state and metrics.
 
         `state` is donated: use the returned one. Returns the new state and host floats:
         ``loss``, ``pg_loss``, ``kl``, ``grad_norm`` (before clipping), ``clip_fraction``,
@@ -223,6 +225,7 @@ class TrainStep:
             raise ValueError(
                 f"loss {self.loss.name} has kl_coef={self.loss.kl_coef}: call set_reference first"
             )
+        batch = share_batch(batch)
         shards = int(np.prod([self.mesh.shape[a] for a in BATCH_AXES if a in self.mesh.shape]))
         if batch.num_rows % (self.micro_batches * shards):
             raise ValueError(
@@ -231,7 +234,7 @@ class TrainStep:
             )
         ref = self.ref_params if self.loss.kl_coef > 0 else None
         new_state, metrics = self._jitted(state, shard_batch(batch, self.mesh), ref)
-        host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        host = {k: float(host_value(v)) for k, v in metrics.items()}
         for name in GAP_SETS:
             if host[f"gap/{name}/tokens"] == 0:
                 host = {k: v for k, v in host.items() if not k.startswith(f"gap/{name}/")}

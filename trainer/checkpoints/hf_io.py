@@ -25,7 +25,7 @@ from mappings.registry import get_family
 from trainer.models.config import ModelConfig
 from trainer.models.decoder import Decoder
 from trainer.models.params import flat_params, model_from_params
-from trainer.sharding import param_sharding
+from trainer.sharding import param_sharding, place
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -111,8 +111,11 @@ def load_hf_checkpoint(
     Args:
         path: folder with config.json and model.safetensors (or a sharded index).
         dtype: compute dtype; param_dtype: storage dtype (default: dtype).
-        mesh: if given, a ("dp", "fsdp") mesh; each param is placed with FSDP sharding as it
-            is read (see trainer.sharding), never whole on one device first.
+        mesh: if given, a ("dp", "fsdp") mesh, possibly over several processes; each param is
+            placed with FSDP sharding as it is read (see trainer.sharding), never whole on one
+            device first, and each process puts on its devices only the slices they hold
+            (`trainer.sharding.place`; every process still reads each tensor whole from the
+            memory-mapped file, one tensor at a time).
         min_shard_bytes: params smaller than this are replicated.
 
     Returns:
@@ -133,7 +136,7 @@ def load_hf_checkpoint(
             loaded[rule.jax] = jnp.asarray(host)
         else:
             sharding = param_sharding(host.shape, host.dtype, mesh, min_shard_bytes)
-            loaded[rule.jax] = jax.device_put(host, sharding)
+            loaded[rule.jax] = place(host, sharding)
     return cfg, model_from_params(cfg, loaded)
 
 
