@@ -31,17 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from trainer.gap import GAP_STATS as FIGURES
+
 REPO = Path(__file__).resolve().parents[1]
-FIGURES = (
-    "sampler_kl",
-    "ratio_mean",
-    "ratio_min",
-    "ratio_max",
-    "ratio_p01",
-    "ratio_p99",
-    "frac_log_ratio_gt_0.2",
-    "tokens",
-)
 
 
 def model_arg(name: str) -> str:

@@ -217,10 +217,6 @@ class Manifest:
             bucket_bytes,
         )
 
-    def with_bucket_bytes(self, bucket_bytes: int) -> Manifest:
-        """The same tensors and version with another bucket size."""
-        return dataclasses.replace(self, bucket_bytes=bucket_bytes)
-
     def sharded_for(
         self, tp_size: int, shards: Mapping[str, ShardKind], num_kv_heads: int = 0
     ) -> Manifest:

@@ -134,7 +134,9 @@ class VllmBackend(RolloutBackend):
     async def generate(
         self, prompt_id: str, prompt_token_ids: list[int], sampling: SamplingConfig
     ) -> GroupResult:
-        """See `RolloutBackend.generate`."""
+        """See `RolloutBackend.generate`. At temperature 0 with `n` > 1 the engine decodes
+        once and returns that greedy sample `n` times (vLLM refuses n > 1 for greedy
+        sampling; greedy decoding of one prompt at one weight version is deterministic)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -147,8 +149,12 @@ class VllmBackend(RolloutBackend):
                 f"prompt {prompt_id!r}: {len(prompt_token_ids)} tokens + max_tokens "
                 f"{sampling.max_tokens} exceed max_model_len {self.cfg.max_model_len}"
             )
+        # vLLM refuses n > 1 at temperature 0 ("n must be 1 when using greedy sampling"):
+        # greedy decoding is deterministic, so one sample stands for the group's n
+        greedy_copies = sampling.n if sampling.temperature == 0 and sampling.n > 1 else 1
+        n = sampling.n // greedy_copies
         params = SamplingParams(
-            n=sampling.n,
+            n=n,
             max_tokens=sampling.max_tokens,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
@@ -165,10 +171,10 @@ class VllmBackend(RolloutBackend):
         prompt = {"prompt_token_ids": list(prompt_token_ids)}
         async for out in self.engine.generate(prompt, params, request_id):
             final = out
-        if final is None or len(final.outputs) != sampling.n:
-            raise RuntimeError(f"request {request_id} ended without its {sampling.n} samples")
+        if final is None or len(final.outputs) != n:
+            raise RuntimeError(f"request {request_id} ended without its {n} samples")
         samples = tuple(_sample(c) for c in sorted(final.outputs, key=lambda c: c.index))
-        return GroupResult(prompt_id, tuple(prompt_token_ids), samples)
+        return GroupResult(prompt_id, tuple(prompt_token_ids), samples * greedy_copies)
 
     async def update_weights(self, manifest: Manifest) -> UpdateStats:
         """See `RolloutBackend.update_weights` and the module docstring.

@@ -35,7 +35,7 @@ def _qa_file(tmp_path: Path, rows: int = PROBLEMS + 2) -> Path:
 def _eval(tmp_path: Path, *args: str, timeout: int = 400) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "trainer", "eval", "--model", "tiny:smollm2", *args,
-         "launch.progress=false", "launch.jax_num_slots=8", "launch.stop_timeout_s=20"],
+         "launch.progress=false", "launch.jax_num_slots=8", "launch.stop_timeout_s=60"],
         cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 

@@ -66,8 +66,9 @@ def test_untied_declared_on_tied_checkpoint(tiny_checkpoint):
     ]
 
 
+@pytest.mark.vllm
+@pytest.mark.slow
 def test_checker_holds_mapping_against_vllm_names(tiny_checkpoint):
-    pytest.importorskip("vllm")
     report = check_folder(get_family("qwen3"), tiny_checkpoint("qwen3"), True)
     assert report.ok, report.lines()
     family = get_family("qwen3")

@@ -34,8 +34,8 @@ def test_buckets_are_greedy_and_big_tensors_travel_alone():
     m = _m(100)
     assert m.total_bytes == 40 + 40 + 200 + 6 + 8
     assert m.buckets() == [[0, 1], [2], [3, 4]]
-    assert m.with_bucket_bytes(1).buckets() == [[0], [1], [2], [3], [4]]
-    assert m.with_bucket_bytes(10**6).buckets() == [[0, 1, 2, 3, 4]]
+    assert _m(1).buckets() == [[0], [1], [2], [3], [4]]
+    assert _m(10**6).buckets() == [[0, 1, 2, 3, 4]]
 
 
 def test_layout_aligns_every_tensor():

