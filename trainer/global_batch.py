@@ -39,6 +39,7 @@ FIELDS: dict[str, tuple[int, np.dtype]] = {
     "advantages": (1, np.dtype(np.float32)),
     "group_index": (1, np.dtype(np.int32)),
     "version_start": (1, np.dtype(np.int32)),
+    "lag": (1, np.dtype(np.int32)),
 }
 
 
