@@ -16,13 +16,20 @@ open), and a rank that failed but kept its group would hold every other rank in 
 collective until the timeout (the sender blocked writing to it, the receivers waiting on the
 sender). The `TransferError` raised then carries the failure as text only (no chained
 exception or traceback frame keeps the group alive).
+
+Forming a group: each receiver announces itself on the store (`announce_join`) before it
+builds its process group, and the sender builds its own only once every receiver did
+(`await_receivers`), checking between polls whether to give up (`Abandon`: e.g. the control
+plane dropped a member that died before it joined). A process-group constructor waits for every
+rank with no way out but its timeout, so this keeps a dead member from holding the sender
+there for `timeout_s`; a failure of the constructor itself is a `TransferError` too.
 """
 
 from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from transport.base import (
@@ -50,6 +57,20 @@ def _release(owner: Any) -> None:
 
     owner._group = None
     gc.collect()
+
+
+def _form(owner: Any, make: Callable[[], Any]) -> None:
+    """Set `owner._group = make()`; a failure to form is a `TransferError` carrying it as
+    text (see `_release`)."""
+    try:
+        owner._group = make()
+        return
+    except TransferError:
+        raise
+    except RuntimeError as e:  # torch's DistStoreError / DistNetworkError
+        failure = f"forming the group failed: {e}"
+    _release(owner)
+    raise TransferError(failure)
 
 
 def bind_listener(host: str, port: int, port_count: int = 1) -> socket.socket:
@@ -108,6 +129,61 @@ def rendezvous_store(
             master_listen_fd=sock.detach(), use_libuv=True,
         )  # fmt: skip
     return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+
+
+Abandon = Callable[[], "str | None"]
+"""Asked between polls while a group forms: a reason to give up (e.g. "engines [...] left"), or
+None to keep waiting."""
+
+JOIN_POLL_S = 0.05
+"""Seconds between the sender's looks at the store while the receivers join."""
+
+ABANDON_POLL_S = 0.5
+"""Seconds between two calls of the `Abandon` check while the receivers join."""
+
+
+def joined_key(rank: int) -> str:
+    """The store key receiver `rank` sets once it is about to build its process group."""
+    return f"jaxrl-joined/{rank}"
+
+
+def announce_join(store: Any, rank: int) -> None:
+    """Receiver side: tell the sender (through the group's store) that `rank` is joining."""
+    store.set(joined_key(rank), "1")
+
+
+def await_receivers(
+    store: Any, world_size: int, timeout_s: float, abandon: Abandon | None = None
+) -> None:
+    """Sender side: return once every receiver 1..world_size-1 announced its join.
+
+    Looks at the store every `JOIN_POLL_S` seconds and calls `abandon` (when given) every
+    `ABANDON_POLL_S` seconds.
+
+    Raises:
+        TransferError: `abandon` gave a reason, or `timeout_s` seconds passed; the message
+            names the ranks that never announced themselves. Its traceback holds no
+            reference to `store`: once the caller drops its own, the store's server closes
+            and the receivers that joined fail at once.
+    """
+    keys = [joined_key(r) for r in range(1, world_size)]
+    t0 = time.monotonic()
+    next_check = t0
+    while not store.check(keys):
+        now = time.monotonic()
+        reason = None
+        if abandon is not None and now >= next_check:
+            reason = abandon()
+            next_check = now + ABANDON_POLL_S
+        if reason or now - t0 > timeout_s:
+            missing = [r for r, k in enumerate(keys, 1) if not store.check([k])]
+            why = reason or f"no word from them in {timeout_s:g} s"
+            del store  # the error's traceback must not keep the store (and its server) alive
+            raise TransferError(
+                f"the group of {world_size} ranks did not form: ranks {missing} never "
+                f"joined ({why})"
+            )
+        time.sleep(JOIN_POLL_S)
 
 
 def local_address_towards(host: str, port: int) -> str:
@@ -198,13 +274,22 @@ class CollectiveSender(WeightSender):
         self._group = None
         self._pool = None
 
-    def _make_group(self) -> _Group:
+    def _make_group(self, abandon: Abandon | None) -> _Group:
         raise NotImplementedError
 
-    def connect(self) -> None:
-        """Join the group (blocks until every receiver joined, or the timeout)."""
+    def connect(self, abandon: Abandon | None = None) -> None:
+        """Join the group: blocks until every receiver joined (see "Forming a group").
+
+        Args:
+            abandon: asked every `ABANDON_POLL_S` seconds until the receivers joined; a
+                reason it gives ends the wait.
+
+        Raises:
+            TransferError: `abandon` gave a reason, the receivers did not all join within the
+                timeout, or the process group failed to form.
+        """
         if self._group is None:
-            self._group = self._make_group()
+            _form(self, lambda: self._make_group(abandon))
 
     def send(self, manifest: Manifest, tensors: Iterable[tuple[str, Any]]) -> SendStats:
         """See `WeightSender.send`; the buckets are packed on `self.device`."""
@@ -270,9 +355,14 @@ class CollectiveReceiver(WeightReceiver):
         raise NotImplementedError
 
     def connect(self) -> None:
-        """Join the group (blocks until the sender and every receiver joined, or the timeout)."""
+        """Join the group (blocks until the sender and every receiver joined, or the timeout).
+
+        Raises:
+            TransferError: the group did not form (the timeout, or the sender closed its store:
+                it gave up on a member that never joined).
+        """
         if self._group is None:
-            self._group = self._make_group()
+            _form(self, self._make_group)
 
     def _offered(self) -> bytes:
         import torch

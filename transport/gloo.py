@@ -19,9 +19,12 @@ import datetime
 from typing import Any
 
 from transport.collective import (
+    Abandon,
     CollectiveReceiver,
     CollectiveSender,
     _Group,
+    announce_join,
+    await_receivers,
     gloo_device,
     local_address_towards,
     rendezvous_store,
@@ -78,8 +81,13 @@ class GlooSender(CollectiveSender):
         """The TCP port the store listens on."""
         return int(self._store.port)
 
-    def _make_group(self) -> _Group:
-        return _gloo_group(self._store, 0, self.world_size, self.timeout_s, self.host)
+    def _make_group(self, abandon: Abandon | None) -> _Group:
+        await_receivers(self._store, self.world_size, self.timeout_s, abandon)
+        return self._group_on(self._store)
+
+    def _group_on(self, store: Any) -> _Group:
+        """Rank 0's process group on `store` (every receiver announced itself)."""
+        return _gloo_group(store, 0, self.world_size, self.timeout_s, self.host)
 
     def close(self) -> None:
         """Drop the group, the send buffers and the store."""
@@ -107,9 +115,18 @@ class GlooReceiver(CollectiveReceiver):
         self.world_size, self.timeout_s = world_size, timeout_s
 
     def _make_group(self) -> _Group:
+        return self._group_on(self._joined_store())
+
+    def _joined_store(self) -> Any:
+        """The sender's store, this rank's join announced on it (`announce_join`)."""
         store = rendezvous_store(
             self.host, self.port, self.world_size, self.timeout_s, master=False
         )
+        announce_join(store, self.rank)
+        return store
+
+    def _group_on(self, store: Any) -> _Group:
+        """This rank's process group on the sender's `store`."""
         address = local_address_towards(self.host, self.port)
         return _gloo_group(store, self.rank, self.world_size, self.timeout_s, address)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from transport.collective import _Group, rendezvous_store
+from transport.collective import _Group
 from transport.gloo import GlooReceiver, GlooSender
 
 
@@ -53,8 +53,8 @@ class NcclSender(GlooSender):
         super().__init__(host, port, num_receivers, timeout_s, port_count)
         self.device = device
 
-    def _make_group(self) -> _Group:
-        return _nccl_group(self._store, 0, self.world_size, self.timeout_s, self.device)
+    def _group_on(self, store: Any) -> _Group:
+        return _nccl_group(store, 0, self.world_size, self.timeout_s, self.device)
 
 
 class NcclReceiver(GlooReceiver):
@@ -77,8 +77,5 @@ class NcclReceiver(GlooReceiver):
         super().__init__(host, port, rank, world_size, timeout_s)
         self.device = device
 
-    def _make_group(self) -> _Group:
-        store = rendezvous_store(
-            self.host, self.port, self.world_size, self.timeout_s, master=False
-        )
+    def _group_on(self, store: Any) -> _Group:
         return _nccl_group(store, self.rank, self.world_size, self.timeout_s, self.device)

@@ -72,6 +72,7 @@ from mappings.spec import Family, expand
 from trainer.publish.host_views import HostView, flat_of, on_one_cpu
 from trainer.publish.waits import EngineWaits, MembersLost, PushError, gone_from, ids_of
 from transport.base import SendStats, TransferError, WeightSender
+from transport.collective import CollectiveSender
 from transport.config import FileTransportConfig, TransportConfig
 from transport.factory import make_sender
 from transport.manifest import Manifest
@@ -315,6 +316,7 @@ class WeightPublisher:
             ids = self.waits.wait(version, "ready", ids_of(members))
             t1 = time.perf_counter()
             # whole tensors in HF layout and manifest order; a sharded sender slices them
+            self._connect(sender, version, ids_of(members))
             send = sender.send(plan.manifest, iter(tensors.items()))
             t2 = time.perf_counter()
             ids = self.waits.wait(version, "loaded", ids)
@@ -431,11 +433,29 @@ class WeightPublisher:
         none gone it is a `PushError` with the engines' own errors."""
         tensors = self._sharded_tensors if manifest.sharded else self._engine_tensors
         try:
+            self._connect(sender, manifest.version, ids)
             return sender.send(manifest, tensors(params))
         except TransferError as e:
             states = self.waits.pin_on_lost(manifest.version, ids, f"during the send ({e})", e)
             errors = {s.engine_id: s.error for s in states if s.phase == "failed"}
             raise PushError(manifest.version, f"{e}; engine errors: {errors}", states) from e
+
+    def _connect(self, sender: WeightSender, version: int, ids: tuple[str, ...]) -> None:
+        """Form a collective sender's group, giving up as soon as the gateway drops a member
+        of `ids` (one that died before it joined would otherwise hold the group for the
+        transport's `timeout_s`); a no-op for the file transport.
+
+        Raises:
+            TransferError: a member left, or the group did not form.
+        """
+        if not isinstance(sender, CollectiveSender):
+            return
+
+        def abandon() -> str | None:
+            gone = self.waits.left(version, ids)[1]
+            return f"engines {gone} left" if gone else None
+
+        sender.connect(abandon)
 
     def _engine_tensors(self, params: Mapping) -> Iterator[tuple[str, Any]]:
         """(HF name, numpy array in the HF layout, possibly strided) one at a time.

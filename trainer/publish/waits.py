@@ -117,13 +117,21 @@ class EngineWaits:
         """
         deadline = time.monotonic() + self.peer_grace_s
         while True:
-            states = self.client.wait_sync(version, 0.0, "loaded").engines
-            gone = [x for x in ids if x not in {s.engine_id for s in states}]
+            states, gone = self.left(version, ids)
             if gone:
                 raise MembersLost(gone, when) from cause
             if time.monotonic() > deadline:
                 return states
             time.sleep(0.1)
+
+    def left(
+        self, version: int, ids: tuple[str, ...]
+    ) -> tuple[tuple[m.EngineSyncState, ...], list[str]]:
+        """The sync states of the registered engines now, and the members of `ids` that are
+        no longer registered (one gateway call, no wait)."""
+        states = self.client.wait_sync(version, 0.0, "loaded").engines
+        registered = {s.engine_id for s in states}
+        return states, [x for x in ids if x not in registered]
 
     def wait(self, version: int, phase: str, ids: tuple[str, ...]) -> tuple[str, ...]:
         """Wait until every engine of `ids` still registered reached `phase` for `version`;

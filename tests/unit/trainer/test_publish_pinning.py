@@ -80,3 +80,49 @@ def test_a_survivors_failure_is_pinned_on_the_member_that_died(tiny_checkpoint, 
         trainer.close()
         engine.close()
         server.stop(0)
+
+
+def test_a_member_that_died_before_joining_the_group_is_replanned_without(tiny_checkpoint):
+    """Every member acks "ready", one dies before it joins the data-plane group (seen in CI:
+    a vLLM engine SIGKILLed right after its ack held the trainer in the process-group
+    constructor for the transport's 300 s, and the run died). The sender gives up on the
+    group as soon as the gateway drops that member and the push re-plans on the survivors,
+    long before `timeout_s`."""
+    cfg, decoder = load_hf_checkpoint(tiny_checkpoint("llama", seed=3), dtype="float32")
+    server, trainer, engine = h.start_gateway(heartbeat_timeout_s=60.0)
+    spec = m.EngineSpec(backend="jax", model_family="llama", dtype="float32",
+                        transports=("gloo",))  # fmt: skip
+    first, doomed, last = (engine.register_engine(spec).engine_id for _ in range(3))
+    transport = GlooTransportConfig(port=0, timeout_s=120)
+    publisher = WeightPublisher(trainer, transport, "llama", cfg, "float32",
+                                ready_timeout_s=2.0, settle_s=0.5, peer_grace_s=2.0)  # fmt: skip
+    out: dict = {}
+
+    def push() -> None:
+        try:
+            out["stats"] = publisher.push(decoder, version=1)
+        except PushError as e:
+            out["error"] = e
+
+    thread = threading.Thread(target=push)
+    try:
+        thread.start()
+        _published(server, 1)
+        for e in (first, doomed, last):
+            engine.ack_version(e, 1, "ready")  # none of them joins the group here
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        engine.deregister(doomed)  # as the gateway drops it when its long poll breaks
+        replan = _published(server, 2, timeout_s=20.0)[1]
+        assert time.monotonic() - t0 < 10.0  # the group's wait ended on the drop, not at 120 s
+        assert (replan["version"], replan["replan"], replan["engines"]) == (1, True, [first, last])
+        thread.join(60)
+        assert not thread.is_alive()
+        # the survivors never ack the new plan here: its "ready" wait runs out
+        assert "not ready" in str(out["error"]) and "ready_timeout_s" in str(out["error"])
+    finally:
+        thread.join(60)
+        publisher.close()
+        trainer.close()
+        engine.close()
+        server.stop(0)
