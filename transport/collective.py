@@ -1,8 +1,9 @@
 """The broadcast protocol shared by the collective transports (gloo on CPUs, NCCL on GPUs).
 
 Rank 0 is the sender; ranks 1..N are receivers (the engines' tensor-parallel workers; group
-rank g is TP rank `reshard.tp_rank_of(g, tp_size)`). Per version: broadcast the manifest
-length `int64 [1]` and its JSON bytes `uint8 [L]`; all-reduce (MIN) an accept flag
+rank g is TP rank `reshard.tp_rank_of(g, tp_size)`). Per version: broadcast the manifest's
+fingerprint `uint8 [72]` (`Manifest.fingerprint`: the manifest itself came with the sync plan,
+and each receiver compares the fingerprint with its own); all-reduce (MIN) an accept flag
 `int32 [1]`; then per bucket either
 - (a manifest with `tp_size` 1) broadcast the packed bucket `uint8 [total_bytes]`, or
 - (a sharded manifest, `sharded.py`) broadcast the bucket's replicated tensors, if any, and
@@ -42,7 +43,7 @@ from transport.base import (
     iter_packed,
     unpack,
 )
-from transport.manifest import Manifest, ManifestError, bucket_layout
+from transport.manifest import FINGERPRINT_BYTES, Manifest, ManifestError, bucket_layout
 from transport.reshard import tp_rank_of
 from transport.sharded import iter_packed_sharded, rank_layout, split_bucket, unpack_rank
 
@@ -299,9 +300,8 @@ class CollectiveSender(WeightSender):
         g = self._group
         assert g is not None
         t0 = time.perf_counter()
-        header = manifest.to_json()
+        header = manifest.fingerprint()
         try:
-            g.broadcast(torch.tensor([len(header)], dtype=torch.int64, device=g.device))
             g.broadcast(torch.frombuffer(bytearray(header), dtype=torch.uint8).to(g.device))
             if g.all_min(1) != 1:
                 raise TransferError(
@@ -365,13 +365,12 @@ class CollectiveReceiver(WeightReceiver):
             _form(self, self._make_group)
 
     def _offered(self) -> bytes:
+        """The fingerprint of the manifest the sender offers (`Manifest.fingerprint`)."""
         import torch
 
         g = self._group
         assert g is not None
-        n = torch.zeros(1, dtype=torch.int64, device=g.device)
-        g.broadcast(n)
-        data = torch.empty(int(n.item()), dtype=torch.uint8, device=g.device)
+        data = torch.empty(FINGERPRINT_BYTES, dtype=torch.uint8, device=g.device)
         g.broadcast(data)
         return bytes(data.cpu().numpy().tobytes())
 
@@ -401,15 +400,11 @@ class CollectiveReceiver(WeightReceiver):
         assert g is not None
         try:
             offered = self._offered()
-            if offered != manifest.to_json():
+            try:
+                manifest.check_offered(offered)
+            except ManifestError:
                 g.all_min(0)
-                got = Manifest.from_json(offered)
-                raise ManifestError(
-                    f"offered manifest (version {got.version}, {len(got.tensors)} tensors, "
-                    f"bucket {got.bucket_bytes} B, tp_size {got.tp_size}) differs from the "
-                    f"expected one (version {manifest.version}, {len(manifest.tensors)} "
-                    f"tensors, bucket {manifest.bucket_bytes} B, tp_size {manifest.tp_size})"
-                )
+                raise
             if g.all_min(1) != 1:
                 raise TransferError(f"another receiver refused version {manifest.version}")
             failure: BaseException | None = None

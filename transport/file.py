@@ -1,7 +1,8 @@
 """Weights through a shared folder: one safetensors file per bucket, for engines that share
 only a filesystem with the trainer.
 
-Layout: `<root>/v<version:010d>/manifest.json` and `bucket_<i:05d>.safetensors`. The sender
+Layout: `<root>/v<version:010d>/fingerprint` (the manifest's `Manifest.fingerprint`: the
+manifest itself comes with the sync plan) and `bucket_<i:05d>.safetensors`. The sender
 writes into a hidden temporary folder and renames it into place when every bucket is on
 disk: the rename is the commit, so a receiver never sees part of a version. The sender keeps
 the newest `keep` versions and deletes older ones.
@@ -25,6 +26,9 @@ from transport.base import (
     as_torch,
 )
 from transport.manifest import Manifest, ManifestError
+
+FINGERPRINT = "fingerprint"
+"""The file of a version folder holding its manifest's fingerprint."""
 
 
 def version_dir(root: str | os.PathLike, version: int) -> Path:
@@ -79,7 +83,7 @@ class FileSender(WeightSender):
             extra = next(it, None)
             if extra is not None:
                 raise ManifestError(f"more tensors than the manifest lists: {extra[0]!r}")
-            (tmp / "manifest.json").write_bytes(manifest.to_json())
+            (tmp / FINGERPRINT).write_bytes(manifest.fingerprint())
             shutil.rmtree(final, ignore_errors=True)
             os.rename(tmp, final)
         finally:
@@ -112,16 +116,17 @@ class FileReceiver(WeightReceiver):
 
         d = version_dir(self.root, manifest.version)
         deadline = time.monotonic() + self.timeout_s
-        while not (d / "manifest.json").exists():
+        while not (d / FINGERPRINT).exists():
             if time.monotonic() > deadline:
                 raise TransferError(
                     f"version {manifest.version} not committed under {self.root} "
                     f"within {self.timeout_s} s"
                 )
             time.sleep(self.poll_s)
-        offered = (d / "manifest.json").read_bytes()
-        if offered != manifest.to_json():
-            raise ManifestError(f"manifest in {d} differs from the expected one")
+        try:
+            manifest.check_offered((d / FINGERPRINT).read_bytes())
+        except ManifestError as e:
+            raise ManifestError(f"{d}: {e}") from None
         for b, bucket in enumerate(manifest.buckets()):
             try:
                 loaded = load_file(str(d / f"bucket_{b:05d}.safetensors"))

@@ -10,8 +10,10 @@ loads.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
+import struct
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +32,10 @@ DTYPE_BYTES: dict[str, int] = {
     "uint8": 1,
     "bool": 1,
 }
+
+
+FINGERPRINT_BYTES = 5 * 8 + 32
+"""Length of `Manifest.fingerprint`: five int64 fields and a SHA-256 digest."""
 
 
 class ManifestError(ValueError):
@@ -202,6 +208,35 @@ class Manifest:
         """Inverse of `to_json`."""
         return cls.from_dict(json.loads(data.decode()))
 
+    def fingerprint(self) -> bytes:
+        """What stands for the manifest on the data plane, `FINGERPRINT_BYTES` (72) bytes:
+        version, number of tensors, bucket_bytes, tp_size and num_kv_heads (int64 little
+        endian each), then the SHA-256 of `to_json()`.
+
+        The manifest itself travels once, in the sync plan (control plane); the sender offers
+        only this, and each receiver compares it with its own manifest's (`check_offered`).
+        """
+        head = struct.pack(
+            "<5q", self.version, len(self.tensors), self.bucket_bytes, self.tp_size,
+            self.num_kv_heads,
+        )  # fmt: skip
+        return head + hashlib.sha256(self.to_json()).digest()
+
+    def check_offered(self, offered: bytes) -> None:
+        """Check that the fingerprint the sender offered is this manifest's.
+
+        Raises:
+            ManifestError: it is not; the message gives both sides' version, number of
+                tensors, bucket size and TP degree (and says so when only the tensors'
+                names, shapes, dtypes or shard kinds differ).
+        """
+        mine = self.fingerprint()
+        if offered == mine:
+            return
+        got, want = _describe(offered), _describe(mine)
+        what = got if got != want else f"{got}, other tensor names/shapes/dtypes/shards"
+        raise ManifestError(f"offered manifest ({what}) differs from the expected one ({want})")
+
     @classmethod
     def of(
         cls,
@@ -236,6 +271,14 @@ class Manifest:
         return dataclasses.replace(
             self, tensors=tensors, tp_size=tp_size, num_kv_heads=num_kv_heads
         )
+
+
+def _describe(fingerprint: bytes) -> str:
+    """A fingerprint's fields in words (or what is wrong with it)."""
+    if len(fingerprint) != FINGERPRINT_BYTES:
+        return f"{len(fingerprint)} bytes, not a manifest fingerprint"
+    version, n, bucket, tp, _ = struct.unpack("<5q", fingerprint[:40])
+    return f"version {version}, {n} tensors, bucket {bucket} B, tp_size {tp}"
 
 
 def check_manifest(

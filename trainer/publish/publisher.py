@@ -54,6 +54,7 @@ more per extra rank that holds its head when TP exceeds the KV heads.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -186,6 +187,7 @@ class WeightPublisher:
         self._generation = 0
         rules = expand(self.family, cfg, self.jax_dims)
         self._shapes = [(r.hf, r.hf_shape) for r in rules]
+        self._layouts: dict[int, Manifest] = {}  # TP degree -> the manifest of version 0
         self._shards = {r.hf: r.rule.shard_kind for r in rules if r.rule.tp_dim is not None}
         self._lock = threading.Lock()  # one push (or catch-up) at a time
         self._last: tuple[int, dict[str, np.ndarray]] | None = None
@@ -257,13 +259,22 @@ class WeightPublisher:
             tp_size: the engines' TP degree; above 1 the manifest is sharded (each TP rank
                 receives only its own shard of every tensor the mapping gives a `tp_dim`).
 
+        The tensor list is made once per TP degree (`_layouts`) and stamped with each
+        version; the engines get it once, in the sync plan (the data plane offers only its
+        fingerprint, `Manifest.fingerprint`).
+
         Raises:
             ManifestError: a tensor that does not split over `tp_size`.
         """
-        m = Manifest.of(version, self._shapes, self.dtype, self.transport.bucket_bytes)
-        if tp_size == 1:
-            return m
-        return m.sharded_for(tp_size, self._shards, num_kv_heads=self.cfg.num_kv_heads)
+        layout = self._layouts.get(tp_size)
+        if layout is None:
+            layout = Manifest.of(0, self._shapes, self.dtype, self.transport.bucket_bytes)
+            if tp_size > 1:
+                layout = layout.sharded_for(
+                    tp_size, self._shards, num_kv_heads=self.cfg.num_kv_heads
+                )
+            self._layouts[tp_size] = layout
+        return dataclasses.replace(layout, version=version)
 
     def push(self, model_or_params: Any, version: int) -> PushStats:
         """Push `version` to the engines alive when it starts and return once each survivor

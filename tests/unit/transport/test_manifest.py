@@ -114,3 +114,31 @@ def test_transport_modules_import_without_torch():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_fingerprint_stands_for_the_whole_manifest():
+    """The data plane offers only the 72-byte fingerprint (the manifest came with the sync
+    plan): any difference in a tensor's name, shape, dtype or shard kind changes it, and the
+    refusal says what differs."""
+    import dataclasses
+    import struct
+
+    m = _m()
+    fp = m.fingerprint()
+    assert len(fp) == 72 and struct.unpack("<5q", fp[:40]) == (3, 5, 100, 1, 0)
+    m.check_offered(fp)  # its own: no error
+    assert Manifest.from_json(m.to_json()).fingerprint() == fp
+    tensors = list(m.tensors)
+    tensors[3] = TensorSpec("d", (3,), "float16")  # same size, other dtype
+    other = dataclasses.replace(m, tensors=tuple(tensors))
+    with pytest.raises(ManifestError) as e:
+        m.check_offered(other.fingerprint())
+    assert str(e.value) == (
+        "offered manifest (version 3, 5 tensors, bucket 100 B, tp_size 1, other tensor "
+        "names/shapes/dtypes/shards) differs from the expected one (version 3, 5 tensors, "
+        "bucket 100 B, tp_size 1)"
+    )
+    with pytest.raises(ManifestError, match=r"version 4, 5 tensors, bucket 100 B"):
+        m.check_offered(dataclasses.replace(m, version=4).fingerprint())
+    with pytest.raises(ManifestError, match=r"offered manifest \(7 bytes, not a manifest"):
+        m.check_offered(b"garbage")
