@@ -39,6 +39,7 @@ _AT_LEAST_ONE = (
     "max_param_entries",
     "max_engines",
     "max_concurrent_rpcs",
+    "max_prompt_releases",
 )
 
 
@@ -81,6 +82,11 @@ class GatewayConfig:
             RESOURCE_EXHAUSTED (>= 1).
         max_concurrent_rpcs: calls in progress at once, and the server's thread count: an
             admitted call never waits for a thread; more get RESOURCE_EXHAUSTED from gRPC.
+        max_prompt_releases: how many times engines may give one prompt back unserved (an
+            engine's backend failed on it, or the engine stopped or failed an update while it
+            ran) before the gateway gives up on it and hands the trainer an aborted group in
+            its place (every completion empty, finish reason "abort"; the trainer drops it),
+            so a prompt that fails every engine cannot circle the queue forever (>= 1).
         max_long_polls: LeasePrompts, FetchRollouts, SubmitPrompts and WaitSync calls that
             may wait at once; one more that would wait gets RESOURCE_EXHAUSTED. 0: half of
             `max_concurrent_rpcs`.
@@ -117,6 +123,7 @@ class GatewayConfig:
     max_concurrent_rpcs: int = 128
     max_long_polls: int = 0
     max_heartbeat_polls: int = 0
+    max_prompt_releases: int = 5
     min_version_ahead: int = 1
     settings: RunSettings = dataclasses.field(default_factory=lambda: RunSettings())
 

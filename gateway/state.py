@@ -62,7 +62,9 @@ class GatewayState:
         self.events = events or EventLog()
         self._cv = threading.Condition()
         self.versions = Versions(self.events)
-        self.queue = WorkQueue(config.max_pending_prompts, config.rollout_capacity)
+        self.queue = WorkQueue(
+            config.max_pending_prompts, config.rollout_capacity, config.max_prompt_releases
+        )
         self._engines: dict[str, Engine] = {}
         self._lost: set[str] = set()
         self._next_engine = 0
@@ -378,6 +380,9 @@ class GatewayState:
                 self.versions.current,
                 self.config.max_message_bytes // 2,
             )
+            for sid in out.abandoned:
+                self.events.emit("prompt_abandoned", sample_id=sid, engine=engine.engine_id,
+                                 releases=self.config.max_prompt_releases)  # fmt: skip
             engine.groups += out.accepted
             engine.completions += out.completions
             engine.tokens += out.tokens

@@ -35,6 +35,7 @@ class _Entry:
     leased_at: float = 0.0
     lease_id: str = ""
     seq: int = 0  # order within the pending queues (lower: nearer the front)
+    releases: int = 0  # times an engine gave it back unserved
 
 
 @dataclasses.dataclass
@@ -57,7 +58,8 @@ class Lease:
 
 @dataclasses.dataclass
 class ReturnOutcome:
-    """What happened to a ReturnRollouts call: groups accepted, dropped (and why), released."""
+    """What happened to a ReturnRollouts call: groups accepted, dropped (and why), released,
+    and the released prompts given up on (`abandoned`: sample ids, now aborted groups)."""
 
     accepted: int = 0
     dropped: int = 0
@@ -65,14 +67,16 @@ class ReturnOutcome:
     released: int = 0
     completions: int = 0
     tokens: int = 0
+    abandoned: list[str] = dataclasses.field(default_factory=list)
 
 
 class WorkQueue:
     """Pending prompts, leases and ready groups; see the module docstring for the invariant."""
 
-    def __init__(self, max_pending: int, rollout_capacity: int) -> None:
+    def __init__(self, max_pending: int, rollout_capacity: int, max_releases: int = 5) -> None:
         self.max_pending = max_pending
         self.rollout_capacity = rollout_capacity
+        self.max_releases = max_releases
         self._boot = secrets.token_hex(3)
         self._next_lease = 0
         self._entries: dict[str, _Entry] = {}
@@ -271,7 +275,7 @@ class WorkQueue:
             out.accepted += 1
             out.completions += len(g.completions)
             out.tokens += sum(len(c.token_ids) for c in g.completions)
-        self._requeue(list(released), lease)
+        out.abandoned = self._give_back(list(released), lease, engine_id, now, current_version)
         out.released = len(released)
         self.leased_prompts -= out.accepted + out.released
         self.counters["groups_returned"] += out.accepted
@@ -288,6 +292,34 @@ class WorkQueue:
         self.counters["leases_expired"] += 1
         self._close(lease, reason)
         return n
+
+    def _give_back(
+        self, sample_ids: list[str], lease: Lease, engine_id: str, now: float, version: int
+    ) -> list[str]:
+        """Prompts an engine released unserved: back to the front of their queue, except
+        those given back `max_releases` times, which become aborted groups for the trainer
+        (see `GatewayConfig.max_prompt_releases`). Returns the sample ids given up on."""
+        again, abandoned = [], []
+        for sid in sample_ids:
+            entry = self._entries[sid]
+            entry.releases += 1
+            if entry.releases < self.max_releases:
+                again.append(sid)
+                continue
+            lease.outstanding.pop(sid, None)
+            entry.lease_id = ""
+            p = entry.prompt
+            empty = rpb.Completion(finish_reason=rpb.FINISH_REASON_ABORT, version_start=version,
+                                   version_end=version)  # fmt: skip
+            group = rpb.RolloutGroup(sample_id=sid, engine_id=engine_id, prompt=p,
+                                     completions=[empty] * p.group_size)  # fmt: skip
+            group.queue_s = entry.leased_at - entry.submitted_at
+            group.lease_s = now - entry.leased_at
+            self._ready.append(group)
+            self.counters["prompts_abandoned"] += 1
+            abandoned.append(sid)
+        self._requeue(again, lease)
+        return abandoned
 
     def _requeue(self, sample_ids: list[str], lease: Lease) -> None:
         for sid in reversed(sample_ids):

@@ -395,7 +395,7 @@ class QueueDepths(_message.Message):
     def __init__(self, pending_eval: _Optional[int] = ..., pending_train: _Optional[int] = ..., leased_prompts: _Optional[int] = ..., ready_groups: _Optional[int] = ..., rollout_capacity: _Optional[int] = ...) -> None: ...
 
 class Counters(_message.Message):
-    __slots__ = ("prompts_submitted", "prompts_leased", "groups_returned", "groups_fetched", "groups_dropped_late", "prompts_released", "leases_expired", "engines_lost", "requests_rejected")
+    __slots__ = ("prompts_submitted", "prompts_leased", "groups_returned", "groups_fetched", "groups_dropped_late", "prompts_released", "leases_expired", "engines_lost", "requests_rejected", "prompts_abandoned")
     PROMPTS_SUBMITTED_FIELD_NUMBER: _ClassVar[int]
     PROMPTS_LEASED_FIELD_NUMBER: _ClassVar[int]
     GROUPS_RETURNED_FIELD_NUMBER: _ClassVar[int]
@@ -405,6 +405,7 @@ class Counters(_message.Message):
     LEASES_EXPIRED_FIELD_NUMBER: _ClassVar[int]
     ENGINES_LOST_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_REJECTED_FIELD_NUMBER: _ClassVar[int]
+    PROMPTS_ABANDONED_FIELD_NUMBER: _ClassVar[int]
     prompts_submitted: int
     prompts_leased: int
     groups_returned: int
@@ -414,7 +415,8 @@ class Counters(_message.Message):
     leases_expired: int
     engines_lost: int
     requests_rejected: int
-    def __init__(self, prompts_submitted: _Optional[int] = ..., prompts_leased: _Optional[int] = ..., groups_returned: _Optional[int] = ..., groups_fetched: _Optional[int] = ..., groups_dropped_late: _Optional[int] = ..., prompts_released: _Optional[int] = ..., leases_expired: _Optional[int] = ..., engines_lost: _Optional[int] = ..., requests_rejected: _Optional[int] = ...) -> None: ...
+    prompts_abandoned: int
+    def __init__(self, prompts_submitted: _Optional[int] = ..., prompts_leased: _Optional[int] = ..., groups_returned: _Optional[int] = ..., groups_fetched: _Optional[int] = ..., groups_dropped_late: _Optional[int] = ..., prompts_released: _Optional[int] = ..., leases_expired: _Optional[int] = ..., engines_lost: _Optional[int] = ..., requests_rejected: _Optional[int] = ..., prompts_abandoned: _Optional[int] = ...) -> None: ...
 
 class MetricsReport(_message.Message):
     __slots__ = ("source", "step", "age_s", "values")

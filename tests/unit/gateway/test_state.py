@@ -9,6 +9,7 @@ from gateway.errors import GatewayError
 from gateway.state import GatewayState
 from gateway.status import format_status
 from protos import gateway_pb2 as gpb
+from protos import rollout_pb2 as rpb
 
 
 def _state(gw, **kw):
@@ -370,3 +371,46 @@ def test_registration_negotiation(gw):
         reply = state.register(req)
         assert not reply.accepted and reply.refusal_reason.startswith(reason), reply
         assert not reply.retry
+
+
+def test_a_prompt_released_max_prompt_releases_times_becomes_an_aborted_group(gw):
+    """A prompt that fails every engine (each releases it) would circle the queue forever and
+    stall the run; after `max_prompt_releases` releases the trainer gets an aborted group in
+    its place (G empty completions, finish reason "abort", at the current version), exactly
+    once, and the prompts behind it are served as before."""
+    state, _ = _state(gw, max_prompt_releases=3)
+    a = state.register(gw.register(name="a")).engine_id
+    b = state.register(gw.register(name="b")).engine_id
+    _submit(state, [gw.prompt("bad", g=4), gw.prompt("ok")])
+    fetched = []
+    for i in range(3):
+        lease = _lease(state, (a, b)[i % 2], 1)
+        assert [p.sample_id for p in lease.prompts] == ["bad"]  # back at the front each time
+        out = _ret(state, (a, b)[i % 2], lease.lease_id, released=["bad"])
+        assert out.released == 1
+        fetched.append([(g.sample_id, len(g.completions)) for g in _fetch(state)])
+    assert fetched == [[], [], [("bad", 4)]]
+    status = state.status()
+    assert status.counters.prompts_released == 3 and status.counters.prompts_abandoned == 1
+    assert (status.queues.pending_train, status.queues.leased_prompts) == (1, 0)
+    lease = _lease(state, a, 5)
+    assert [p.sample_id for p in lease.prompts] == ["ok"]
+    _ret(state, a, lease.lease_id, [gw.group("ok")])
+    assert [g.sample_id for g in _fetch(state)] == ["ok"]
+    assert state.events.events("prompt_abandoned")[0]["sample_id"] == "bad"
+
+
+def test_the_aborted_group_of_an_abandoned_prompt_is_fetched_once(gw):
+    state, _ = _state(gw, max_prompt_releases=1)
+    a = state.register(gw.register()).engine_id
+    _submit(state, [gw.prompt("bad", g=2)])
+    lease = _lease(state, a, 1)
+    _ret(state, a, lease.lease_id, released=["bad"])
+    (group,) = _fetch(state)
+    assert (group.sample_id, group.engine_id, group.prompt.sample_id) == ("bad", a, "bad")
+    assert [c.finish_reason for c in group.completions] == [rpb.FINISH_REASON_ABORT] * 2
+    assert all(len(c.token_ids) == 0 for c in group.completions)
+    assert len(_fetch(state)) == 0
+    assert not state.queue.in_flight("bad")
+    with pytest.raises(ValueError, match="max_prompt_releases: expected >= 1"):
+        GatewayConfig(max_prompt_releases=0)
