@@ -41,6 +41,7 @@ from protos import gateway_pb2 as gpb
 log = logging.getLogger(__name__)
 
 _RATE_WINDOW_S = 60.0
+_REMEMBERED_LOST = 100_000  # dropped engine ids kept to explain their late calls
 
 
 class GatewayState:
@@ -66,7 +67,7 @@ class GatewayState:
             config.max_pending_prompts, config.rollout_capacity, config.max_prompt_releases
         )
         self._engines: dict[str, Engine] = {}
-        self._lost: set[str] = set()
+        self._lost: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._next_engine = 0
         self._settings = settings_to_pb(config.settings)
         # source -> (step, clock s, values); oldest report first, at most max_metric_sources
@@ -163,7 +164,9 @@ class GatewayState:
         for lease in leases:
             n += self.queue.expire(lease, reason)
         del self._engines[engine.engine_id]
-        self._lost.add(engine.engine_id)
+        self._lost[engine.engine_id] = None
+        while len(self._lost) > _REMEMBERED_LOST:
+            self._lost.popitem(last=False)
         log.warning("dropped %s: %s (%d prompts back to the queue)", engine.engine_id, reason, n)
         self.events.emit("dropped", engine=engine.engine_id, reason=reason)
         self.events.emit("leases_requeued", engine=engine.engine_id, leases=len(leases), prompts=n)
@@ -386,7 +389,7 @@ class GatewayState:
             engine.groups += out.accepted
             engine.completions += out.completions
             engine.tokens += out.tokens
-            self._rates.append((time.monotonic(), out.completions, out.tokens))
+            self._note_rate(out.completions, out.tokens)
             self._cv.notify_all()
             return gpb.ReturnReply(
                 accepted=out.accepted,
@@ -522,10 +525,20 @@ class GatewayState:
         with self._cv:
             self._reap_locked()
             t = time.monotonic()
-            while self._rates and t - self._rates[0][0] > _RATE_WINDOW_S:
-                self._rates.popleft()
+            self._trim_rates(t)
             snap = self._snapshot(t)
         return build_status(snap)
+
+    def _note_rate(self, completions: int, tokens: int) -> None:
+        """Record one return for the rates of the last `_RATE_WINDOW_S` seconds (kept to that
+        window on every return, not only when someone asks for the status)."""
+        t = time.monotonic()
+        self._rates.append((t, completions, tokens))
+        self._trim_rates(t)
+
+    def _trim_rates(self, t: float) -> None:
+        while self._rates and t - self._rates[0][0] > _RATE_WINDOW_S:
+            self._rates.popleft()
 
     def _snapshot(self, wall: float) -> StatusSnapshot:
         """Copies of what the status reports (lock held)."""

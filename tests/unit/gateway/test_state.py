@@ -414,3 +414,32 @@ def test_the_aborted_group_of_an_abandoned_prompt_is_fetched_once(gw):
     assert not state.queue.in_flight("bad")
     with pytest.raises(ValueError, match="max_prompt_releases: expected >= 1"):
         GatewayConfig(max_prompt_releases=0)
+
+
+def test_memory_of_dropped_engines_and_of_rates_stays_bounded(gw, monkeypatch):
+    """A long run drops and re-registers engines and returns groups without anyone asking
+    for the status: what the gateway remembers of both stays bounded."""
+    import gateway.state as gateway_state
+
+    monkeypatch.setattr(gateway_state, "_REMEMBERED_LOST", 3)
+    state, _ = _state(gw)
+    ids = []
+    for i in range(5):
+        eid = state.register(gw.register(name=f"e{i}")).engine_id
+        state.deregister(gpb.DeregisterRequest(engine_id=eid, engine_key=_key(state, eid)))
+        ids.append(eid)
+    assert list(state._lost) == ids[2:]
+    with pytest.raises(GatewayError, match="never registered"):  # forgotten
+        _lease(state, ids[0], 1)
+    with pytest.raises(GatewayError, match="missed heartbeats or left"):
+        _lease(state, ids[4], 1)
+
+    now = [1000.0]
+    monkeypatch.setattr(gateway_state.time, "monotonic", lambda: now[0])
+    eid = state.register(gw.register(name="r")).engine_id
+    _submit(state, [gw.prompt(f"p{i}") for i in range(3)])
+    for i in range(3):
+        lease = _lease(state, eid, 1)
+        _ret(state, eid, lease.lease_id, [gw.group(f"p{i}")])
+        now[0] += 45.0  # past the 60 s window after two returns
+    assert len(state._rates) == 2  # the first return left the window, with no status call
