@@ -1,12 +1,11 @@
 """gloo transport: a sender and two receivers (threads of one process, each with its own
 process group) move versions exactly, refuse bad manifests and survive a failed load."""
 
-import threading
-
 import numpy as np
 import pytest
 import torch
 
+from tests.unit.transport.gloo_group import gloo_group, run_in_threads
 from transport.base import TransferError
 from transport.config import GlooTransportConfig
 from transport.factory import make_receiver, make_sender
@@ -27,30 +26,10 @@ def _manifest(w, version, bucket_bytes, dtype="float32"):
     return Manifest.of(version, [(k, tuple(v.shape)) for k, v in w.items()], dtype, bucket_bytes)
 
 
-def _run(threads):
-    results: dict[int, object] = {}
-
-    def wrap(i, fn):
-        try:
-            results[i] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed back to the test
-            results[i] = e
-
-    ts = [threading.Thread(target=wrap, args=(i, f)) for i, f in enumerate(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(60)
-    return [results[i] for i in range(len(threads))]
-
-
 @pytest.fixture()
 def group():
-    cfg = GlooTransportConfig(port=0, timeout_s=20)
-    sender = make_sender(cfg, num_receivers=2)
-    cfg = cfg.model_copy(update={"port": sender.port})
-    receivers = [make_receiver(cfg, rank=r, world_size=3) for r in (1, 2)]
-    _run([sender.connect] + [r.connect for r in receivers])
+    sender, receivers = gloo_group(2)
+    run_in_threads([sender.connect] + [r.connect for r in receivers])
     return sender, receivers
 
 
@@ -74,7 +53,7 @@ def test_versions_arrive_exactly_with_any_bucket_size(group):
     for version, bucket_bytes, dtype in [(1, 64 * 16 * 4, "float32"), (2, 10**9, "bfloat16")]:
         w = _weights(version)
         m = _manifest(w, version, bucket_bytes, dtype)
-        res = _run(
+        res = run_in_threads(
             [lambda w=w, m=m: sender.send(m, w.items())]
             + [lambda r=r, m=m: _collect(r, m) for r in receivers]
         )
@@ -103,7 +82,7 @@ def test_numpy_jax_and_bf16_sources(group):
     assert as_torch(d).data_ptr() == d.unsafe_buffer_pointer()  # dlpack: no copy on CPU
     specs = [("a", (3, 4)), ("b", (5,)), ("c", (2, 3)), ("d", (8,))]
     m = Manifest.of(7, specs, "bfloat16", 1 << 20)
-    res = _run(
+    res = run_in_threads(
         [lambda: sender.send(m, [("a", a), ("b", b), ("c", c), ("d", d)])]
         + [lambda r=r: _collect(r, m) for r in receivers]
     )
@@ -120,7 +99,7 @@ def test_mismatched_manifest_is_refused_before_any_tensor(group):
     w = _weights(3)
     m = _manifest(w, 3, 1 << 20)
     other = _manifest(w, 4, 1 << 20)
-    res = _run(
+    res = run_in_threads(
         [lambda: sender.send(m, w.items()), lambda: _collect(receivers[0], m)]
         + [lambda: _collect(receivers[1], other)]
     )
@@ -134,7 +113,7 @@ def test_failed_load_aborts_commit_and_group_stays_usable(group):
     sender, receivers = group
     w = _weights(5)
     m = _manifest(w, 5, 64 * 16 * 4)
-    res = _run(
+    res = run_in_threads(
         [lambda: sender.send(m, w.items()), lambda: _collect(receivers[0], m, fail_at=2)]
         + [lambda: _collect(receivers[1], m)]
     )
@@ -143,7 +122,7 @@ def test_failed_load_aborts_commit_and_group_stays_usable(group):
     assert isinstance(res[2], TransferError) and "another receiver" in str(res[2])
     # the next version goes through on the same group
     m6 = _manifest(w, 6, 1 << 20)
-    res = _run(
+    res = run_in_threads(
         [lambda: sender.send(m6, w.items())] + [lambda r=r: _collect(r, m6) for r in receivers]
     )
     assert res[0].version == 6
@@ -157,7 +136,7 @@ def test_sharded_failed_load_aborts_commit_and_group_stays_usable(group):
     w = _weights(9)
     shards = {"embed.weight": "vocab", "layers.0.q.weight": "column", "head.weight": "vocab"}
     m = _manifest(w, 9, 64 * 16 * 4).sharded_for(2, shards)
-    res = _run(
+    res = run_in_threads(
         [lambda: sender.send(m, w.items()), lambda: _collect(receivers[0], m)]
         + [lambda: _collect(receivers[1], m, fail_at=2)]
     )
@@ -165,7 +144,7 @@ def test_sharded_failed_load_aborts_commit_and_group_stays_usable(group):
     assert isinstance(res[1], TransferError) and "another receiver" in str(res[1])
     assert isinstance(res[2], TransferError) and "load failed on purpose" in str(res[2])
     m10 = _manifest(w, 10, 1 << 20).sharded_for(2, shards)
-    res = _run(
+    res = run_in_threads(
         [lambda: sender.send(m10, w.items())] + [lambda r=r: _collect(r, m10) for r in receivers]
     )
     assert res[0].version == 10
@@ -181,7 +160,7 @@ def test_refuse_tells_the_sender(group):
     sender, receivers = group
     w = _weights(8)
     m = _manifest(w, 8, 1 << 20)
-    res = _run(
+    res = run_in_threads(
         [lambda: sender.send(m, w.items()), lambda: receivers[0].refuse("unknown names ['x']")]
         + [lambda: _collect(receivers[1], m)]
     )
@@ -193,7 +172,7 @@ def test_receiver_times_out_without_a_sender():
     cfg = GlooTransportConfig(port=0, timeout_s=1)
     sender = make_sender(cfg, num_receivers=1)
     receiver = make_receiver(cfg.model_copy(update={"port": sender.port}), 1, 2)
-    _run([sender.connect, receiver.connect])
+    run_in_threads([sender.connect, receiver.connect])
     m = Manifest.of(1, [("a", (2,))], "float32", 64)
     with pytest.raises(TransferError, match="receiving version 1 failed"):
         receiver.receive(m, lambda b: None)
@@ -215,7 +194,7 @@ def test_sender_reuses_one_bucket_buffer_across_buckets_and_pushes(group):
     ptrs = []
     for version in (11, 12):
         m = _manifest(w, version, 64 * 16 * 4)
-        res = _run(
+        res = run_in_threads(
             [lambda m=m: sender.send(m, w.items())]
             + [lambda r=r, m=m: _collect(r, m) for r in receivers]
         )

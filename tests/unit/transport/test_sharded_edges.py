@@ -3,8 +3,6 @@ range, a bucket of replicated tensors only, several engines), reading regions ou
 FSDP-sharded / data-parallel-replicated JAX arrays and bf16 sources, and the error a receiver
 raises when the offered manifest differs from the expected one only in its TP sharding."""
 
-import threading
-
 import jax
 import ml_dtypes
 import numpy as np
@@ -14,38 +12,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from mappings.shards import tp_slice
+from tests.unit.transport.gloo_group import gloo_group, run_in_threads
 from transport.base import TransferError, write_region
-from transport.config import GlooTransportConfig
-from transport.factory import make_receiver, make_sender
 from transport.manifest import Manifest, ManifestError
-
-
-def _group(num_receivers: int, timeout_s: float = 20.0):
-    cfg = GlooTransportConfig(port=0, timeout_s=timeout_s)
-    sender = make_sender(cfg, num_receivers=num_receivers)
-    cfg = cfg.model_copy(update={"port": sender.port})
-    receivers = [
-        make_receiver(cfg, rank=g, world_size=num_receivers + 1)
-        for g in range(1, 1 + num_receivers)
-    ]
-    return sender, receivers
-
-
-def _run(fns):
-    out: dict[int, object] = {}
-
-    def wrap(i, fn):
-        try:
-            out[i] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed back to the test
-            out[i] = e
-
-    threads = [threading.Thread(target=wrap, args=(i, f)) for i, f in enumerate(fns)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return [out[i] for i in range(len(fns))]
 
 
 def _collect(receiver, manifest):
@@ -78,8 +47,8 @@ def test_empty_vocab_range_and_replicated_only_bucket_over_two_engines():
         slice(64, 65),
         slice(65, 65),
     ]
-    sender, receivers = _group(8)
-    res = _run(
+    sender, receivers = gloo_group(8)
+    res = run_in_threads(
         [lambda: sender.send(m, w.items())] + [lambda r=r: _collect(r, m) for r in receivers]
     )
     assert res[0].version == 7 and res[0].num_buckets == 2
@@ -101,8 +70,10 @@ def test_receiver_names_the_tp_sharding_when_only_it_differs():
     w = {"q": torch.arange(32, dtype=torch.float32).reshape(8, 4)}
     whole = Manifest.of(3, [("q", (8, 4))], "float32", 1024)
     sharded = whole.sharded_for(2, {"q": "column"})
-    sender, (receiver,) = _group(1)
-    res = _run([lambda: sender.send(sharded, w.items()), lambda: _collect(receiver, whole)])
+    sender, (receiver,) = gloo_group(1)
+    res = run_in_threads(
+        [lambda: sender.send(sharded, w.items()), lambda: _collect(receiver, whole)]
+    )
     assert isinstance(res[0], TransferError) and "refused the manifest of version 3" in str(res[0])
     assert isinstance(res[1], ManifestError)
     assert "tp_size 2" in str(res[1]) and "tp_size 1" in str(res[1]), str(res[1])
