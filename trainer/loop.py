@@ -119,6 +119,9 @@ class AsyncTrainer:
       before_update: called at the start of every update (e.g. a check that the engine
         processes live; it raises to stop the run).
       on_metrics: called with each metrics row (a dict) right after it is written.
+      after_update: called with (step, version) after each applied update and its checkpoint,
+        before the next one (the in-loop evaluation, `trainer.launch.eval_every`); it raises to
+        stop the run.
       stop_requested: polled between updates and while collecting; a non-empty answer (the
         reason, e.g. "interrupted (SIGINT)") stops the run after a checkpoint (see the module
         docstring).
@@ -142,7 +145,9 @@ class AsyncTrainer:
         before_update: Callable[[], None] | None = None,
         on_metrics: Callable[[dict[str, Any]], None] | None = None,
         stop_requested: Callable[[], str | None] | None = None,
+        after_update: Callable[[int, int], None] | None = None,
     ):
+        self.after_update = after_update
         self.stop_requested = stop_requested or (lambda: None)
         self.stop_reason = "running"
         self._between_updates = True
@@ -217,6 +222,8 @@ class AsyncTrainer:
                     i == num_steps - 1 or (every and self._done % every == 0)
                 ):
                     self._save()
+                if self.after_update is not None:
+                    self.after_update(self._done, self.version)
             else:
                 self.stop_reason = "completed"
         except BaseException as err:

@@ -128,6 +128,7 @@ class RolloutSource:
         self.submitted = 0
         self.consumed = 0
         self.stale_groups = 0
+        self.stale_eval_groups = 0
         self.arrived_from: Counter[str] = Counter()
         self._last_arrival = 0.0
         self._lock = threading.Lock()
@@ -292,16 +293,32 @@ class RolloutSource:
                     self.fetch_max_groups, timeout_s=self.fetch_timeout_s
                 )
                 for raw in fetched:
-                    group = group_from_gateway(raw)
-                    with self._lock:
-                        problem = self._problem_of.pop(group.sample_id, None)
-                    if problem is None:
-                        if attempt_of(group.sample_id) != self.attempt:
-                            self.stale_groups += 1  # a previous attempt's: redone here
-                            continue
-                        raise KeyError(f"fetched group {group.sample_id!r} was never submitted")
-                    self.arrived_from[raw.engine_id] += 1
-                    self._last_arrival = time.monotonic()
-                    self._ready.put(self.scoring.score_async(group, problem))
+                    self.accept(raw)
         except BaseException as err:  # handed to the training thread by next_group
             self._error = err
+
+    def accept(self, raw: m.RolloutGroup) -> None:
+        """Take one fetched group: a training group of this attempt is scored and queued for
+        `next_group`; one of an earlier attempt is dropped (`stale_groups`), and so is an eval
+        group (`stale_eval_groups`: left behind by an evaluation that gave up on it). Called by
+        the fetching thread, and by an evaluation that fetches while that thread is stopped
+        (`trainer.launch.eval_every`).
+
+        Raises:
+          KeyError: a training group of this attempt that was never submitted (or came twice).
+          ValueError: the gateway did not attach the prompt.
+        """
+        if raw.prompt is not None and raw.prompt.is_eval:
+            self.stale_eval_groups += 1
+            return
+        group = group_from_gateway(raw)
+        with self._lock:
+            problem = self._problem_of.pop(group.sample_id, None)
+        if problem is None:
+            if attempt_of(group.sample_id) != self.attempt:
+                self.stale_groups += 1  # a previous attempt's: redone here
+                return
+            raise KeyError(f"fetched group {group.sample_id!r} was never submitted")
+        self.arrived_from[raw.engine_id] += 1
+        self._last_arrival = time.monotonic()
+        self._ready.put(self.scoring.score_async(group, problem))

@@ -5,7 +5,10 @@ Eval prompts (``is_eval=True``, leased before training prompts) are submitted wi
 training verifiers. It runs while the trainer's `RolloutSource` is stopped (before and after
 training), so it also takes the training groups still in flight at the stop: it counts them
 (`drained`) and, given `expect_drained`, waits until that many came back, which proves no
-rollout was lost.
+rollout was lost. Between training updates (eval.every, `trainer.launch.eval_every`) the
+trainer's fetching thread is paused instead and the training groups fetched meanwhile are handed
+to `on_training_group` (the `RolloutSource`), so none is lost or fetched twice. A group of
+another evaluation (one that failed and left its prompts behind) is dropped and counted.
 
 Both waits fail on silence, not on slowness (`trainer.launch.silence`): only when no group came
 back for `timeout_s` seconds (eval.timeout_s), however long the whole evaluation takes; the
@@ -41,6 +44,10 @@ class EvalResult:
       accuracy: mean reward over problems x samples, in [0, 1] for 0/1 verifiers.
       problems, samples: held-out problems and completions per problem.
       drained: training groups (not eval) fetched meanwhile. seconds: wall time.
+      metrics: `trainer.eval.metrics.summarize` of the samples (pass@1, pass@k, maj@k for k in
+        1, 2, 4 .. samples, mean_length in tokens, length_cut_fraction); maj@k votes over the
+        answers math-verify extracts from the decoded completions (empty without a decoder).
+      stale: groups of another evaluation fetched meanwhile (dropped).
     """
 
     tag: str
@@ -50,6 +57,8 @@ class EvalResult:
     samples: int
     drained: int
     seconds: float
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    stale: int = 0
 
 
 def gather_eval_groups(
@@ -66,6 +75,8 @@ def gather_eval_groups(
     expect_drained: int = 0,
     on_progress: Callable[[int, int], None] | None = None,
     timeout_key: str = "eval.timeout_s",
+    on_training_group: Callable[[m.RolloutGroup], None] | None = None,
+    stale: list[int] | None = None,
 ) -> tuple[list[tuple[Problem, RolloutGroup]], int]:
     """Submit `problems` as eval prompts at weight `version` (`samples` completions each), and
     return the scored groups in problem order with the count of training groups fetched
@@ -76,6 +87,9 @@ def gather_eval_groups(
       timeout_s: seconds of silence (no group back, eval or training) after which the wait
         fails; the whole evaluation may take any time while groups keep coming.
       timeout_key: the config key of `timeout_s`, named in the error.
+      on_training_group: given, each training group fetched meanwhile is handed to it (and
+        counted) instead of dropped.
+      stale: given, its first item grows by the groups of other evaluations fetched (dropped).
 
     Raises:
       ValueError: no problems; TimeoutError: no group (nor any of the `expect_drained`
@@ -114,8 +128,13 @@ def gather_eval_groups(
         for raw in client.fetch_rollouts(64, timeout_s=min(1.0, left)):
             clock.progressed(raw.engine_id)
             problem = by_id.get(raw.sample_id)
-            if problem is None:
+            if problem is None and raw.prompt is not None and raw.prompt.is_eval:
+                if stale is not None:
+                    stale[0] += 1  # left behind by an evaluation that failed
+            elif problem is None:
                 drained += 1
+                if on_training_group is not None:
+                    on_training_group(raw)
             else:
                 futures[raw.sample_id] = scoring.score_async(group_from_gateway(raw), problem)
                 if on_progress is not None:
@@ -140,6 +159,7 @@ def evaluate(
     decode: Callable[[Sequence[int]], str] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
     timeout_key: str = "eval.timeout_s",
+    on_training_group: Callable[[m.RolloutGroup], None] | None = None,
 ) -> EvalResult:
     """Evaluate `problems` at weight `version` (`gather_eval_groups`, whose arguments these
     are); writes ``out_dir/eval_<tag>.jsonl`` (one line per problem: id, rewards, completions
@@ -149,16 +169,20 @@ def evaluate(
       as `gather_eval_groups`.
     """
     t0 = time.monotonic()
+    stale = [0]
     rows, drained = gather_eval_groups(
         client, problems, encode, scoring, sampling, samples=samples, version=version, tag=tag,
         timeout_s=timeout_s, expect_drained=expect_drained, on_progress=on_progress,
-        timeout_key=timeout_key,
+        timeout_key=timeout_key, on_training_group=on_training_group, stale=stale,
     )  # fmt: skip
     rewards = np.array([r for _, g in rows for r in g.rewards], np.float64)
+    texts_of = [
+        [decode(list(c.token_ids)) if decode else None for c in group.completions]
+        for _, group in rows
+    ]
     if out_dir is not None:
         with (Path(out_dir) / f"eval_{tag}.jsonl").open("w") as f:
-            for problem, group in rows:
-                texts = [decode(list(c.token_ids)) if decode else None for c in group.completions]
+            for (problem, group), texts in zip(rows, texts_of, strict=True):
                 line = {
                     "sample_id": group.sample_id,
                     "problem_id": problem.problem_id,
@@ -175,7 +199,32 @@ def evaluate(
         samples=samples,
         drained=drained,
         seconds=time.monotonic() - t0,
+        metrics=_sample_metrics([g for _, g in rows], texts_of),
+        stale=stale[0],
     )
+
+
+def _sample_metrics(
+    groups: Sequence[RolloutGroup], texts: Sequence[Sequence[str | None]]
+) -> dict[str, float]:
+    """`summarize` over scored groups; answers for maj@k extracted (math-verify) from `texts`
+    (None texts: no answer)."""
+    from trainer.eval.metrics import ProblemSamples, summarize
+    from trainer.eval.rows import canonical_answer
+    from trainer.rewards.math_verifier import MathVerifier
+
+    extract = MathVerifier().extract
+    samples = [
+        ProblemSamples(
+            scores=g.rewards,
+            answers=[None if t is None else canonical_answer(extract(t)) for t in ts],
+            lengths=[len(c.token_ids) for c in g.completions],
+            cut=[c.finish_reason == "length" for c in g.completions],
+        )
+        for g, ts in zip(groups, texts, strict=True)
+    ]
+    out = summarize(samples)
+    return {k: float(v) for k, v in out.items() if k not in ("problems", "samples")}
 
 
 def drain_training_groups(

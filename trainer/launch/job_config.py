@@ -93,7 +93,8 @@ class DataSection(_Section):
 
 
 class EvalSection(_Section):
-    """Held-out accuracy before and after training, through the same engines (eval prompts)."""
+    """Held-out accuracy before, during (eval.every) and after training, through the same
+    engines (eval prompts)."""
 
     size: int = Field(default=32, ge=0)
     """Held-out problems; 0 switches the evaluation off."""
@@ -104,6 +105,11 @@ class EvalSection(_Section):
     per request, so greedy evaluation runs on the engines that sample training at T=1."""
     max_new_tokens: int | None = Field(default=None, ge=1)
     """None: rollout.max_new_tokens."""
+    every: int = Field(default=0, ge=0)
+    """Evaluate the held-out split every `every` training steps, at the weight version of that
+    step, on the running engines (`trainer.launch.eval_every`); each evaluation, and those
+    before and after training, is then a row of metrics.jsonl (eval/accuracy, pass@k, maj@k,
+    ...). 0: only before and after training."""
     timeout_s: float = Field(default=600.0, gt=0)
     """Seconds of silence (no group coming back) after which an evaluation, or the drain of
     in-flight training groups after the stop, fails; the whole evaluation may take longer."""

@@ -5,7 +5,9 @@ plot of reward and lag per step.
 step metrics, see `trainer.loop`): the bar shows step, mean reward, mean lag and rollout
 tokens/s; `on_eval_progress` draws a second bar of held-out groups back during an evaluation;
 every numeric entry becomes a TensorBoard scalar under ``RUN_DIR/tensorboard`` at its step.
-`plot_metrics` reads ``metrics.jsonl`` back and draws the plot with matplotlib (Agg).
+`on_eval_row` takes an evaluation's row of ``metrics.jsonl`` (``eval/*`` keys, see
+`trainer.launch.eval_every`). `plot_metrics` reads ``metrics.jsonl`` back and draws the plot
+with matplotlib (Agg): reward, and the held-out accuracy of the eval rows, against step.
 """
 
 from __future__ import annotations
@@ -87,6 +89,28 @@ class Reporter:
         self.writer.flush()
         self.bar.write(f"held-out accuracy {tag} (step {step}): {accuracy:.3f}")
 
+    def on_eval_row(self, row: dict[str, Any]) -> None:
+        """An evaluation's metrics.jsonl row (`trainer.launch.eval_every.eval_row`, or an error
+        row with ``eval/error``): its numeric ``eval/*`` values as TensorBoard scalars at its
+        step, and a line under the bar.
+
+        Raises:
+          KeyError: the row has no "step" or no "eval/tag".
+        """
+        step, tag = int(row["step"]), row["eval/tag"]
+        for key, value in row.items():
+            if key.startswith("eval/") and isinstance(value, int | float):
+                if not isinstance(value, bool):
+                    self.writer.add_scalar(key, float(value), step)
+        self.writer.flush()
+        if "eval/error" in row:
+            self.bar.write(f"held-out evaluation {tag} (step {step}) failed: {row['eval/error']}")
+        else:
+            self.bar.write(
+                f"held-out accuracy {tag} (step {step}, version {row['version']}): "
+                f"{row['eval/accuracy']:.3f}"
+            )
+
     def close(self) -> None:
         """Close the bars and the writer."""
         for bar in self._eval_bars.values():
@@ -94,6 +118,11 @@ class Reporter:
         self._eval_bars.clear()
         self.bar.close()
         self.writer.close()
+
+
+def is_eval_row(row: dict[str, Any]) -> bool:
+    """Whether a metrics.jsonl row is an evaluation's (``eval/tag``), not a training step's."""
+    return "eval/tag" in row
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -117,15 +146,20 @@ def plot_metrics(run_dir: str | Path) -> Path:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    rows = read_metrics(run_dir)
+    every = read_metrics(run_dir)
+    rows = [r for r in every if not is_eval_row(r)]
     if not rows:
-        raise ValueError(f"{Path(run_dir) / 'metrics.jsonl'} has no rows to plot")
+        raise ValueError(f"{Path(run_dir) / 'metrics.jsonl'} has no training rows to plot")
+    evals = [r for r in every if is_eval_row(r) and "eval/accuracy" in r]
     steps = np.array([r["step"] for r in rows])
     reward = np.array([r["reward_mean"] for r in rows])
     std = np.array([r.get("reward_std", 0.0) for r in rows])
     fig, (ax_r, ax_l) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
     ax_r.plot(steps, reward, marker="o", ms=3, label="mean reward")
     ax_r.fill_between(steps, reward - std, reward + std, alpha=0.2, label="+-1 std")
+    if evals:
+        ax_r.plot([r["step"] for r in evals], [r["eval/accuracy"] for r in evals], marker="s",
+                  ms=4, color="tab:red", label="held-out accuracy")  # fmt: skip
     ax_r.set_ylabel("reward")
     ax_r.legend(loc="best")
     ax_r.grid(alpha=0.3)
@@ -135,7 +169,8 @@ def plot_metrics(run_dir: str | Path) -> Path:
     ax_l.set_xlabel("step")
     ax_l.legend(loc="best")
     ax_l.grid(alpha=0.3)
-    fig.suptitle(f"{Path(run_dir).name}: reward and lag per step")
+    title = "reward, held-out accuracy and lag" if evals else "reward and lag"
+    fig.suptitle(f"{Path(run_dir).name}: {title} per step")
     fig.tight_layout()
     out = Path(run_dir) / PLOT_NAME
     fig.savefig(out, dpi=100)
@@ -164,6 +199,13 @@ def format_summary(result: dict[str, Any]) -> str:
             f"held-out accuracy ({after['problems']} problems x {after['samples']}): "
             f"{before['accuracy']:.3f} before (v{before['version']}) -> "
             f"{after['accuracy']:.3f} after (v{after['version']})"
+        )
+    every = result.get("eval_every")
+    if every:
+        done = ", ".join(f"v{e['version']} {e['accuracy']:.3f}" for e in every["evaluations"])
+        lines.append(
+            f"held-out accuracy every {every['every']} steps: {done or 'none'}"
+            + (f"; {len(every['failures'])} evaluations failed" if every["failures"] else "")
         )
     reason = result.get("stop_reason", "completed")
     if reason != "completed":

@@ -5,9 +5,12 @@ it prints "resuming from step N (checkpoint PATH)"; the problems in flight at th
 are submitted again), weight publisher (gloo) and rollout source; evaluates the held-out split
 (with a progress bar of groups back), trains ``trainer.steps`` updates with a progress bar and
 TensorBoard, evaluates again at the final version while taking back the training groups still
-in flight, and plots reward and lag. A SIGINT or SIGTERM during training stops it after the
-update under way and a checkpoint (`trainer.launch.interrupt`); the final evaluation is then
-skipped and the result's ``exit_code`` is 128 + the signal.
+in flight, and plots reward, lag and held-out accuracy. With ``eval.every=N`` it also evaluates
+every N steps on the running engines (`trainer.launch.eval_every`), and every evaluation of the
+run (before, in-loop, after) is a row of metrics.jsonl with its step and weight version.
+A SIGINT or SIGTERM during training stops it after the update under way and a checkpoint
+(`trainer.launch.interrupt`); the final evaluation is then skipped and the result's
+``exit_code`` is 128 + the signal.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from trainer.checkpoints.hf_io import load_hf_checkpoint
 from trainer.launch import interrupt
 from trainer.launch.commands import data_plane_config
 from trainer.launch.data import JobData
+from trainer.launch.eval_every import EvalEvery, append_row, eval_row
 from trainer.launch.evaluate import EvalResult, drain_training_groups, evaluate
 from trainer.launch.job_config import JobConfig
 from trainer.launch.processes import ProcessSet
@@ -118,15 +122,28 @@ def train_and_evaluate(
     try:
         with ScoringPool(max_workers=r.scoring_workers, decode=decode) as scoring:
 
-            def held_out(tag: str, at: int, expect_drained: int = 0) -> EvalResult:
-                result = evaluate(
+            def log_eval(row: dict[str, Any]) -> None:
+                append_row(run_dir, row)
+                reporter.on_eval_row(row)
+
+            def run_eval(
+                tag: str, at: int, expect_drained: int = 0, on_training_group: Any = None
+            ) -> EvalResult:
+                return evaluate(
                     client, data.held_out, encode, scoring, eval_sampling,
                     samples=job.eval.samples, version=at, tag=tag,
                     timeout_s=job.eval.timeout_s, expect_drained=expect_drained,
                     out_dir=run_dir, decode=decode,
                     on_progress=lambda back, total: reporter.on_eval_progress(tag, back, total),
+                    on_training_group=on_training_group,
                 )  # fmt: skip
-                reporter.on_eval(tag, result.accuracy, int(trainer.state.step))
+
+            def held_out(tag: str, at: int, expect_drained: int = 0) -> EvalResult:
+                result = run_eval(tag, at, expect_drained)
+                if job.eval.every:  # every evaluation of the run is a row of metrics.jsonl
+                    log_eval(eval_row(result, int(trainer.state.step)))
+                else:
+                    reporter.on_eval(tag, result.accuracy, int(trainer.state.step))
                 return result
 
             source = RolloutSource(
@@ -140,12 +157,18 @@ def train_and_evaluate(
                 ledger=PositionLedger(consumed),
                 attempt=attempt,
             )
+            every = EvalEvery(
+                job.eval.every if data.held_out else 0, cfg.trainer.steps,
+                lambda tag, at, hand_over: run_eval(tag, at, on_training_group=hand_over),
+                source, log_eval,
+            )  # fmt: skip
             trainer = AsyncTrainer(
                 cfg, step, state, source, publisher, run_dir, version=version, rng=rng,
                 checkpointer=checkpointer, client=client, pad_id=pad_id,
                 on_metrics=reporter.on_metrics,
                 before_update=supervisor.check if supervisor else None,
                 stop_requested=interrupt.requested,
+                after_update=every if every.every else None,
             )  # fmt: skip
             if version:
                 trainer.resync_engines()
@@ -174,7 +197,7 @@ def train_and_evaluate(
         reporter.close()
         publisher.close()
         checkpointer.close()
-    rewards = [row["reward_mean"] for row in read_metrics(run_dir)]
+    rewards = [row["reward_mean"] for row in read_metrics(run_dir) if "reward_mean" in row]
     return {
         "stop_reason": stopped or "completed",
         "exit_code": interrupt.exit_code() if stopped else 0,
@@ -189,6 +212,7 @@ def train_and_evaluate(
         "engine_restarts": dict(supervisor.restarts) if supervisor else {},
         "eval_before": dataclasses.asdict(before) if before else None,
         "eval_after": dataclasses.asdict(after) if after else None,
+        "eval_every": every.summary() if every.every else None,
         "reward_first5": float(np.mean(rewards[:5])) if rewards else None,
         "reward_last5": float(np.mean(rewards[-5:])) if rewards else None,
         "plot": str(plot_metrics(run_dir)) if rewards else None,

@@ -33,6 +33,8 @@ def test_overrides_reach_every_section(tmp_path):
     assert job.run.trainer.steps == 7
     assert job.run.rollout.backend == "vllm"
     assert (job.eval.samples, job.data.size, job.launch.num_engines) == (3, 10, 2)
+    assert load_job_config(None, ["eval.every=2"]).eval.every == 2
+    assert job.eval.every == 0  # off unless asked
     assert job.engine_dtype == "bfloat16"  # vllm's default on CPU
     assert load_job_config(REPO / "configs" / "smoke.yaml").engine_dtype == "float32"  # jax
 
@@ -43,6 +45,8 @@ def test_overrides_reach_every_section(tmp_path):
         ("eval.sise=2", "eval.sise"),
         ("trainer.stepz=2", "trainer.stepz"),
         ("launch.num_engines=0", "launch.num_engines"),
+        ("eval.every=-1", "eval.every: Input should be greater than or equal to 0"),
+        ("eval.every=two", "eval.every"),
         ("rollout.backend=sglang", "rollout.backend"),
         ("data.source=csv", "data.source"),
         ("nosection.x=1", "nosection"),

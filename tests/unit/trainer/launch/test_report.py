@@ -33,6 +33,31 @@ def test_reporter_writes_scalars_and_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_eval_rows_reach_tensorboard_and_the_plot(tmp_path, capsys):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from trainer.launch.eval_every import append_row
+
+    reporter = Reporter(tmp_path, total_steps=4, show_bar=True)
+    for step in (1, 2, 3, 4):
+        append_row(tmp_path, _row(step))
+        if step % 2 == 0:
+            row = {"step": step, "version": step, "eval/tag": f"step{step}",
+                   "eval/accuracy": step / 8, "eval/pass@2": step / 4}  # fmt: skip
+            append_row(tmp_path, row)
+            reporter.on_eval_row(row)
+    reporter.on_eval_row({"step": 4, "version": 4, "eval/tag": "x", "eval/error": "TimeoutError"})
+    reporter.close()
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("eval/accuracy")] == [(2, 0.25), (4, 0.5)]
+    assert [(e.step, e.value) for e in acc.Scalars("eval/pass@2")] == [(2, 0.5), (4, 1.0)]
+    err = "".join(capsys.readouterr())  # tqdm.write: stdout
+    assert "held-out accuracy step2 (step 2, version 2): 0.250" in err
+    assert "held-out evaluation x (step 4) failed: TimeoutError" in err
+    assert plot_metrics(tmp_path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # eval rows skipped
+
+
 def test_eval_progress_bar_counts_groups_back(tmp_path, capsys):
     reporter = Reporter(tmp_path, total_steps=3, show_bar=True)
     for back in (0, 1, 3, 4):
