@@ -119,6 +119,7 @@ class AsyncTrainer:
       before_update: called at the start of every update (e.g. a check that the engine
         processes live; it raises to stop the run).
       on_metrics: called with each metrics row (a dict) right after it is written.
+      on_groups: called after it with the update's step and the groups it trained on.
       stop_requested: polled between updates and while collecting; a non-empty answer (the
         reason, e.g. "interrupted (SIGINT)") stops the run after a checkpoint (see the module
         docstring).
@@ -141,6 +142,7 @@ class AsyncTrainer:
         normalize_std: bool | None = None,
         before_update: Callable[[], None] | None = None,
         on_metrics: Callable[[dict[str, Any]], None] | None = None,
+        on_groups: Callable[[int, list[RolloutGroup]], None] | None = None,
         stop_requested: Callable[[], str | None] | None = None,
     ):
         self.stop_requested = stop_requested or (lambda: None)
@@ -149,6 +151,7 @@ class AsyncTrainer:
         self.config = config
         self.before_update = before_update
         self.on_metrics = on_metrics
+        self.on_groups = on_groups
         self.step = step
         self.state = state
         self.source = source
@@ -353,6 +356,8 @@ class AsyncTrainer:
             f.write(json.dumps(metrics) + "\n")
         if self.on_metrics is not None:
             self.on_metrics(metrics)
+        if self.on_groups is not None:
+            self.on_groups(self._done, list(got.filtered.kept))
         if self.client is not None:
             scalars = {k: float(v) for k, v in metrics.items()}
             self.client.report_metrics("trainer", self._done, scalars)
