@@ -119,6 +119,7 @@ class AsyncTrainer:
       before_update: called at the start of every update (e.g. a check that the engine
         processes live; it raises to stop the run).
       on_metrics: called with each metrics row (a dict) right after it is written.
+      on_groups: called after it with the update's step and the groups it trained on.
       after_update: called with (step, version) after each applied update and its checkpoint,
         before the next one (the in-loop evaluation, `trainer.launch.eval_every`); it raises to
         stop the run.
@@ -144,6 +145,7 @@ class AsyncTrainer:
         normalize_std: bool | None = None,
         before_update: Callable[[], None] | None = None,
         on_metrics: Callable[[dict[str, Any]], None] | None = None,
+        on_groups: Callable[[int, list[RolloutGroup]], None] | None = None,
         stop_requested: Callable[[], str | None] | None = None,
         after_update: Callable[[int, int], None] | None = None,
     ):
@@ -154,6 +156,7 @@ class AsyncTrainer:
         self.config = config
         self.before_update = before_update
         self.on_metrics = on_metrics
+        self.on_groups = on_groups
         self.step = step
         self.state = state
         self.source = source
@@ -360,6 +363,8 @@ class AsyncTrainer:
             f.write(json.dumps(metrics) + "\n")
         if self.on_metrics is not None:
             self.on_metrics(metrics)
+        if self.on_groups is not None:
+            self.on_groups(self._done, list(got.filtered.kept))
         if self.client is not None:
             scalars = {k: float(v) for k, v in metrics.items()}
             self.client.report_metrics("trainer", self._done, scalars)

@@ -3,8 +3,9 @@
 `run_job(job)`:
 1. resolves the checkpoint (`model_source`) and holds it against its family's mapping, loads the
    tokenizer and the problems, and sizes the engines' context (longest prompt + new tokens):
-   all before any process starts, so a checkpoint missing a tensor or a missing data file fails
-   in seconds;
+   starts W&B when ``logging.wandb`` asks for it (`wandb_log`): all before any process starts,
+   so a checkpoint missing a tensor, a missing data file or a W&B that cannot start fails in
+   seconds;
 2. starts the gateway and the engines (`stack`), or joins ``launch.gateway`` when the serving
    side runs elsewhere; configures the run (family, engine dtype, gloo);
 3. loads the policy into JAX and builds the train step while the engines start;
@@ -38,7 +39,7 @@ from typing import Any
 import yaml
 
 from trainer.launch.commands import run_settings, trainer_env
-from trainer.launch.job_config import JobConfig
+from trainer.launch.job_config import JOB_SECTIONS, JobConfig
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +110,14 @@ def _run_job(job: JobConfig) -> dict[str, Any]:
     log.info("%d training / %d held-out problems; context %d", len(data.train),
              len(data.held_out), max_len)  # fmt: skip
 
-    launch = job.launch
-    with ProcessSet(run_dir / "logs", launch.stop_timeout_s) as procs:
+    from trainer.launch.wandb_log import wandb_run
+
+    launch, decode = job.launch, make_decoder(tokenizer)
+    # W&B starts (or fails) before any process; it finishes after they are stopped
+    with (
+        wandb_run(job, run_dir, decode, _plain(job)) as wandb,
+        ProcessSet(run_dir / "logs", launch.stop_timeout_s) as procs,
+    ):
         if launch.gateway:
             address = launch.gateway
             token_file = Path(launch.token_file or run_dir / "tokens.txt")
@@ -125,9 +132,7 @@ def _run_job(job: JobConfig) -> dict[str, Any]:
                 start_engines(job, procs, address, token_file, model_path, max_len)
             from trainer.launch.training import train_and_evaluate
 
-            result = train_and_evaluate(
-                job, client, procs, model_path, data, encode, make_decoder(tokenizer)
-            )
+            result = train_and_evaluate(job, client, procs, model_path, data, encode, decode, wandb)
             if not launch.gateway or launch.stop_joined:
                 client.shutdown("the training job finished")
         except BaseException as e:
@@ -147,5 +152,5 @@ def _run_job(job: JobConfig) -> dict[str, Any]:
 def _plain(job: JobConfig) -> dict[str, Any]:
     """The job config as plain YAML-able data (the run's sections at the top level)."""
     out = job.run.model_dump(mode="json")
-    out.update({k: getattr(job, k).model_dump(mode="json") for k in ("data", "eval", "launch")})
+    out.update({k: getattr(job, k).model_dump(mode="json") for k in JOB_SECTIONS})
     return out

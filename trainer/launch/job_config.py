@@ -9,8 +9,10 @@ One YAML file holds every section::
     data: {source: reasoning_gym, task: chain_sum, task_config: {min_terms: 2, max_terms: 2}}
     eval: {size: 32}
     launch: {num_engines: 1}
+    logging: {wandb: {mode: offline, samples_every: 5}}
 
-Overrides are ``section.key=value`` (YAML scalars); ``run_dir=PATH`` is short for
+Overrides are ``section.key=value`` (YAML scalars; ``logging.wandb.key=value`` one level
+deeper); ``run_dir=PATH`` is short for
 ``trainer.run_dir=PATH``. A wrong key or value raises `ConfigError` naming it.
 """
 
@@ -27,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from trainer.config import Config, ConfigError, load_config, read_yaml
 from trainer.rewards.answer_forms import AnswerForm
 
-JOB_SECTIONS = ("data", "eval", "launch")
+JOB_SECTIONS = ("data", "eval", "launch", "logging")
 ALIASES = {"run_dir": "trainer.run_dir"}
 
 
@@ -197,6 +199,39 @@ class LaunchSection(_Section):
     """Show the progress bar."""
 
 
+class WandbSection(_Section):
+    """Weights & Biases, beside TensorBoard (`trainer.launch.wandb_log`): every metrics.jsonl
+    row at its step, the job config, and a table of sample completions."""
+
+    mode: Literal["disabled", "offline", "online"] = "disabled"
+    """disabled: no W&B (wandb is not imported); offline: write the run under dir only (no
+    network; `wandb sync DIR` uploads it later); online: stream to the W&B server (needs
+    `wandb login` or WANDB_API_KEY)."""
+    project: str = "jaxrl-bridge"
+    """W&B project."""
+    entity: str | None = None
+    """W&B entity (user or team); None: the account's default."""
+    name: str | None = None
+    """Run name; None: the run folder's name."""
+    tags: tuple[str, ...] = ()
+    """Run tags."""
+    dir: str = ""
+    """Folder W&B writes its ``wandb/`` run folder under; empty: $WANDB_DIR, else the run
+    folder."""
+    samples_every: int = Field(default=10, ge=0)
+    """Log a table of sample completions every this many steps (and at step 1); 0: never."""
+    samples_per_table: int = Field(default=8, ge=1)
+    """Most rows of one sample table (the first completion of each trained group, in order)."""
+    init_timeout_s: float = Field(default=90.0, gt=0)
+    """Seconds wandb.init may take before the job fails at startup."""
+
+
+class LoggingSection(_Section):
+    """Where metrics go besides metrics.jsonl and TensorBoard (always written)."""
+
+    wandb: WandbSection = Field(default_factory=WandbSection)
+
+
 class JobConfig(_Section):
     """A whole job: the run (`Config`) and how to launch and feed it."""
 
@@ -204,6 +239,7 @@ class JobConfig(_Section):
     data: DataSection = Field(default_factory=DataSection)
     eval: EvalSection = Field(default_factory=EvalSection)
     launch: LaunchSection = Field(default_factory=LaunchSection)
+    logging: LoggingSection = Field(default_factory=LoggingSection)
 
     @model_validator(mode="after")
     def _engines(self) -> JobConfig:
@@ -272,12 +308,26 @@ def _split_override(item: str) -> tuple[str, str]:
 def _set_job(tree: dict[str, Any], key: str, raw: str) -> None:
     section, _, rest = key.partition(".")
     model = JobConfig.model_fields[section].annotation
-    assert isinstance(model, type) and issubclass(model, BaseModel)
-    if not rest or "." in rest or rest not in model.model_fields:
-        raise ConfigError(
-            f"unknown key {key!r}: {section} has no {rest!r}; known: {sorted(model.model_fields)}"
-        )
-    tree.setdefault(section, {})[rest] = yaml.safe_load(raw) if raw.strip() else None
+    node = tree.setdefault(section, {})
+    while True:
+        assert isinstance(model, type) and issubclass(model, BaseModel)
+        name, _, rest = rest.partition(".")
+        if name not in model.model_fields:
+            raise ConfigError(
+                f"unknown key {key!r}: {section} has no {name!r}; known: "
+                f"{sorted(model.model_fields)}"
+            )
+        sub = model.model_fields[name].annotation
+        nested = isinstance(sub, type) and issubclass(sub, BaseModel)
+        if nested != bool(rest):
+            raise ConfigError(f"unknown key {key!r}: {section}.{name} " + (
+                f"is a section; set one of its keys: {sorted(sub.model_fields)}"  # type: ignore[union-attr]
+                if nested else "has no sub-keys"
+            ))  # fmt: skip
+        if not nested:
+            node[name] = yaml.safe_load(raw) if raw.strip() else None
+            return
+        node, model, section = node.setdefault(name, {}), sub, f"{section}.{name}"
 
 
 def load_job_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> JobConfig:

@@ -4,7 +4,8 @@ plot of reward and lag per step.
 `Reporter.on_metrics(row)` takes each line the trainer appends to ``metrics.jsonl`` (a dict of
 step metrics, see `trainer.loop`): the bar shows step, mean reward, mean lag and rollout
 tokens/s; `on_eval_progress` draws a second bar of held-out groups back during an evaluation;
-every numeric entry becomes a TensorBoard scalar under ``RUN_DIR/tensorboard`` at its step.
+every numeric entry becomes a TensorBoard scalar under ``RUN_DIR/tensorboard`` at its step
+(and, given a `trainer.launch.wandb_log.WandbLogger`, a W&B metric at the same step).
 `on_eval_row` takes an evaluation's row of ``metrics.jsonl`` (``eval/*`` keys, see
 `trainer.launch.eval_every`). `plot_metrics` reads ``metrics.jsonl`` back and draws the plot
 with matplotlib (Agg): reward, and the held-out accuracy of the eval rows, against step.
@@ -27,16 +28,24 @@ class Reporter:
       run_dir: the run folder (TensorBoard events go to ``run_dir/tensorboard``).
       total_steps: the bar's length. first_step: steps already done (a resumed run).
       show_bar: draw the bar (False: TensorBoard only).
+      wandb: also log every metrics row and held-out accuracy to this W&B run (its owner
+        finishes it).
     """
 
     def __init__(
-        self, run_dir: str | Path, total_steps: int, first_step: int = 0, show_bar: bool = True
+        self,
+        run_dir: str | Path,
+        total_steps: int,
+        first_step: int = 0,
+        show_bar: bool = True,
+        wandb: Any = None,
     ) -> None:
         from torch.utils.tensorboard import SummaryWriter
         from tqdm import tqdm
 
         self._tqdm = tqdm
         self._show_bar = show_bar
+        self.wandb = wandb
         self._eval_bars: dict[str, Any] = {}
         self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"))
         self.bar = tqdm(
@@ -54,6 +63,8 @@ class Reporter:
             if isinstance(value, int | float) and not isinstance(value, bool):
                 self.writer.add_scalar(key, float(value), step)
         self.writer.flush()
+        if self.wandb is not None:
+            self.wandb.on_metrics(row)
         self.bar.set_postfix(
             reward=f"{row.get('reward_mean', float('nan')):.3f}",
             lag=f"{row.get('lag_mean', float('nan')):.2f}",
@@ -87,22 +98,29 @@ class Reporter:
         """A held-out accuracy ("eval/accuracy" at `step`) and a line under the bar."""
         self.writer.add_scalar("eval/accuracy", accuracy, step)
         self.writer.flush()
+        if self.wandb is not None:
+            self.wandb.on_eval(accuracy, step)
         self.bar.write(f"held-out accuracy {tag} (step {step}): {accuracy:.3f}")
 
     def on_eval_row(self, row: dict[str, Any]) -> None:
         """An evaluation's metrics.jsonl row (`trainer.launch.eval_every.eval_row`, or an error
-        row with ``eval/error``): its numeric ``eval/*`` values as TensorBoard scalars at its
-        step, and a line under the bar.
+        row with ``eval/error``): its numeric ``eval/*`` values as TensorBoard scalars (and W&B
+        metrics, given a logger) at its step, and a line under the bar.
 
         Raises:
           KeyError: the row has no "step" or no "eval/tag".
         """
         step, tag = int(row["step"]), row["eval/tag"]
-        for key, value in row.items():
-            if key.startswith("eval/") and isinstance(value, int | float):
-                if not isinstance(value, bool):
-                    self.writer.add_scalar(key, float(value), step)
+        values = {
+            k: float(v)
+            for k, v in row.items()
+            if k.startswith("eval/") and isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        for key, value in values.items():
+            self.writer.add_scalar(key, value, step)
         self.writer.flush()
+        if self.wandb is not None:
+            self.wandb.on_metrics({"step": step, **values})
         if "eval/error" in row:
             self.bar.write(f"held-out evaluation {tag} (step {step}) failed: {row['eval/error']}")
         else:

@@ -3,11 +3,12 @@
 Builds the model, train step, checkpointer (resuming from ``RUN_DIR/checkpoints`` when asked:
 it prints "resuming from step N (checkpoint PATH)"; the problems in flight at that checkpoint
 are submitted again), weight publisher (gloo) and rollout source; evaluates the held-out split
-(with a progress bar of groups back), trains ``trainer.steps`` updates with a progress bar and
-TensorBoard, evaluates again at the final version while taking back the training groups still
-in flight, and plots reward, lag and held-out accuracy. With ``eval.every=N`` it also evaluates
-every N steps on the running engines (`trainer.launch.eval_every`), and every evaluation of the
-run (before, in-loop, after) is a row of metrics.jsonl with its step and weight version.
+(with a progress bar of groups back), trains ``trainer.steps`` updates with a progress bar,
+TensorBoard and W&B (``logging.wandb``), evaluates again at the final version while taking
+back the training groups still in flight, and plots reward, lag and held-out accuracy. With
+``eval.every=N`` it also evaluates every N steps on the running engines
+(`trainer.launch.eval_every`), and every evaluation of the run (before, in-loop, after) is a
+row of metrics.jsonl with its step and weight version.
 A SIGINT or SIGTERM during training stops it after the update under way and a checkpoint
 (`trainer.launch.interrupt`); the final evaluation is then skipped and the result's
 ``exit_code`` is 128 + the signal.
@@ -39,6 +40,7 @@ from trainer.launch.processes import ProcessSet
 from trainer.launch.report import Reporter, plot_metrics, read_metrics
 from trainer.launch.stack import wait_for_engines
 from trainer.launch.supervisor import EngineSupervisor, deregister_dead
+from trainer.launch.wandb_log import WandbLogger
 from trainer.loop import AsyncTrainer
 from trainer.positions import ConsumedPositions, PositionLedger
 from trainer.publish import WeightPublisher
@@ -64,8 +66,11 @@ def train_and_evaluate(
     data: JobData,
     encode: Callable[[Problem], Sequence[int]],
     decode: Callable[[Sequence[int]], str],
+    wandb: WandbLogger | None = None,
 ) -> dict[str, Any]:
     """Train and evaluate (see the module docstring); returns the job summary's fields.
+    `wandb`, given, gets every metrics row, held-out accuracy and the trained groups (its sample
+    tables) beside TensorBoard; the caller finishes it.
 
     Raises:
       RuntimeError: a child exited; TimeoutError: engines, rollouts or eval groups too late.
@@ -113,7 +118,9 @@ def train_and_evaluate(
             min_engines=launch.min_engines,
             on_death=deregister_dead(client, engine_client),
         ).start()  # fmt: skip
-    reporter = Reporter(run_dir, cfg.trainer.steps, int(state.step), show_bar=launch.progress)
+    reporter = Reporter(
+        run_dir, cfg.trainer.steps, int(state.step), show_bar=launch.progress, wandb=wandb
+    )
     r = cfg.rollout
     eval_sampling = _sampling(
         job, job.eval_temperature, job.eval.max_new_tokens or r.max_new_tokens
@@ -165,7 +172,7 @@ def train_and_evaluate(
             trainer = AsyncTrainer(
                 cfg, step, state, source, publisher, run_dir, version=version, rng=rng,
                 checkpointer=checkpointer, client=client, pad_id=pad_id,
-                on_metrics=reporter.on_metrics,
+                on_metrics=reporter.on_metrics, on_groups=wandb.on_groups if wandb else None,
                 before_update=supervisor.check if supervisor else None,
                 stop_requested=interrupt.requested,
                 after_update=every if every.every else None,
