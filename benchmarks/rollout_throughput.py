@@ -132,7 +132,7 @@ def matmul_rate(b: int, d: int, v: int, repeats: int = 5) -> float:
 
 def run_vllm(path: Path, prompts, args) -> float:
     """Tokens/s of the vLLM backend (after a warm-up request)."""
-    from rollout_engine.backend import SamplingConfig as VllmSampling
+    from gateway import messages as m
     from rollout_engine.vllm.backend import VllmBackend, VllmBackendConfig
 
     async def go() -> float:
@@ -141,20 +141,24 @@ def run_vllm(path: Path, prompts, args) -> float:
         )
         await backend.start()
         try:
-            sampling = VllmSampling(
-                n=args.samples, max_tokens=args.max_tokens, temperature=1.0, ignore_eos=True
+            sampling = m.SamplingParams(
+                max_new_tokens=args.max_tokens, temperature=1.0, ignore_eos=True
             )
+
+            def prompt(sid: str, tokens) -> m.Prompt:
+                return m.Prompt(sid, np.asarray(tokens, np.int32), args.samples, sampling)
+
             await asyncio.gather(
-                *(backend.generate(f"w{i}", list(p), sampling) for i, p in enumerate(prompts))
+                *(backend.generate(prompt(f"w{i}", p)) for i, p in enumerate(prompts))
             )
             t = time.perf_counter()
             groups = await asyncio.gather(
-                *(backend.generate(f"p{i}", list(p), sampling) for i, p in enumerate(prompts))
+                *(backend.generate(prompt(f"p{i}", p)) for i, p in enumerate(prompts))
             )
             wall = time.perf_counter() - t
         finally:
             await backend.shutdown()
-        tokens = sum(len(s.token_ids) for g in groups for s in g.samples)
+        tokens = sum(len(s.token_ids) for g in groups for s in g)
         print(f"vllm: {tokens} tokens in {wall:.2f} s = {tokens / wall:.1f} tokens/s")
         return tokens / wall
 

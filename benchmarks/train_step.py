@@ -48,13 +48,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from gateway.messages import Completion
 from trainer.batch import RLBatch, build_rl_batch
 from trainer.losses import make_loss
 from trainer.models.config import ModelConfig
 from trainer.models.decoder import Decoder
 from trainer.models.params import flat_params
 from trainer.optim import OptimizerConfig, make_optimizer
-from trainer.rollouts import Completion, RolloutGroup
+from trainer.rollouts import RolloutGroup
 from trainer.sharding import make_mesh
 from trainer.train_step import TrainStep
 

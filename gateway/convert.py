@@ -1,4 +1,6 @@
-"""Conversions between the client's dataclasses (`gateway.messages`) and the protos."""
+"""Conversions between the client's dataclasses (`gateway.messages`) and the protos: the one
+place a message changes type. Arrays go out as repeated fields and come back as int32 / float32
+numpy arrays; the trainer-side annotations of a `Completion` (`reward`, `text`) stay home."""
 
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ def prompt_to_pb(p: m.Prompt) -> rpb.Prompt:
         max_new_tokens=s.max_new_tokens,
         stop_token_ids=list(s.stop_token_ids),
         reasoning_budget=s.reasoning_budget,
+        ignore_eos=s.ignore_eos,
     )
     if s.seed is not None:
         sampling.seed = s.seed
@@ -64,6 +67,7 @@ def prompt_from_pb(p: rpb.Prompt) -> m.Prompt:
             stop_token_ids=tuple(s.stop_token_ids),
             seed=s.seed if s.HasField("seed") else None,
             reasoning_budget=s.reasoning_budget,
+            ignore_eos=s.ignore_eos,
         ),
         is_eval=p.is_eval,
         min_version=p.min_version,
@@ -81,8 +85,8 @@ def completion_to_pb(c: m.Completion) -> rpb.Completion:
             f"finish_reason: expected one of {m.FINISH_REASONS}, got {c.finish_reason!r}"
         )
     return rpb.Completion(
-        token_ids=_ints(c.token_ids),
-        logprobs=c.logprobs.tolist() if isinstance(c.logprobs, np.ndarray) else list(c.logprobs),
+        token_ids=c.token_ids.tolist(),
+        logprobs=c.logprobs.tolist(),
         finish_reason=_FINISH_TO_PB[c.finish_reason],
         version_start=c.version_start,
         version_end=c.version_end,

@@ -1,8 +1,13 @@
 """Typed messages of the client API: what the trainer and engines hand to and get from
 `GatewayClient`. `gateway.convert` turns them into protos and back.
 
+These are also the rollout record end to end: a backend (`rollout_engine.backend`) returns
+`Completion`s, the proto carries them, and the trainer's batch (`trainer.batch`) reads the same
+`Completion` (scored: `reward` set). A completion is one type in memory and one on the wire.
+
 Token ids are int32 vocabulary indices; log-probs are float32 natural logs of the sampled
 token's probability under the sampling distribution; versions are published weight versions.
+Arrays stay numpy arrays wherever a record is held in memory.
 """
 
 from __future__ import annotations
@@ -19,7 +24,22 @@ SYNC_PHASES = ("ready", "loaded", "failed")
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-    """How to sample a prompt's G completions (see protos/rollout.proto for the ranges)."""
+    """How to sample a prompt's G completions: the one sampling type of the project, from the
+    trainer's config through the wire to both engines (see protos/rollout.proto for the
+    ranges; `gateway.validate` checks them at submission).
+
+    Attributes:
+        temperature: softmax temperature (>= 0; 0 is greedy). Log-probs are of the
+            distribution actually sampled from (logits / temperature, then top-k, top-p).
+        top_p: nucleus mass in (0, 1]; 1.0 is off.
+        top_k: keep the k most likely tokens; 0 is off (the one convention for "off").
+        max_new_tokens: most completion tokens (>= 1), the last one included.
+        stop_token_ids: extra ids that end a completion (EOS always does, unless ignore_eos).
+        seed: the sampler's seed, or None for the engine's.
+        reasoning_budget: > 0: thinking tokens before the engine forces end-of-think (the JAX
+            engine sets it per engine; a prompt asking for one is refused by the backends).
+        ignore_eos: keep sampling past EOS until max_new_tokens (benchmarks and tests).
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -28,6 +48,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
     reasoning_budget: int = 0
+    ignore_eos: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,19 +72,28 @@ class Prompt:
     min_version: int = 0
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Completion:
-    """One sampled completion.
+    """One sampled completion: the rollout record from the backend to the loss.
 
     Attributes:
-        token_ids: int32 [L] generated tokens (prompt excluded).
-        logprobs: float32 [L] log-prob of each sampled token.
+        token_ids: int32 [L] generated tokens (prompt excluded), EOS included when the engine
+            stopped on it; lists are turned into arrays on construction.
+        logprobs: float32 [L] log-prob of each sampled token under the sampling distribution
+            (the engine's processed log-probs, after temperature and truncation).
         finish_reason: "stop", "length" or "abort".
         version_start, version_end: weight versions at the first and the last token.
-        version_spans: (version, start token, end token) triples, when the version changed.
+        version_spans: (version, start token, end token) triples covering [0, L) oldest first
+            (the backends always send them; more than one when the version changed while the
+            completion was generated); () means version_start produced every token.
         first_token_s, generation_s: seconds from the engine taking the prompt.
         forced_positions: indices into token_ids (ascending) of tokens the engine wrote without
             sampling them (log-prob 0); the trainer masks them out of the loss.
+        reward: the verifier's score, set by the trainer (None until scored; not on the wire).
+        text: the decoded completion, when someone decoded it (not on the wire).
+
+    Construction does not validate (the gateway checks what engines return and says why, see
+    `gateway.validate`); `validate` does, for the trainer.
     """
 
     token_ids: np.ndarray
@@ -75,6 +105,59 @@ class Completion:
     first_token_s: float = 0.0
     generation_s: float = 0.0
     forced_positions: tuple[int, ...] = ()
+    reward: float | None = None
+    text: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "token_ids", np.asarray(self.token_ids, np.int32))
+        object.__setattr__(self, "logprobs", np.asarray(self.logprobs, np.float32))
+        object.__setattr__(self, "forced_positions", tuple(int(j) for j in self.forced_positions))
+        object.__setattr__(
+            self, "version_spans", tuple((int(v), int(a), int(b)) for v, a, b in self.version_spans)
+        )
+
+    def validate(self) -> None:
+        """Check the record the trainer trains on.
+
+        Raises:
+            ValueError: token ids and log-probs of different lengths, versions negative or out
+                of order, an empty finish reason, a forced position outside the completion, or
+                a version span outside [version_start, version_end] x [0, L] (the gateway's
+                check, `gateway.validate`).
+        """
+        n = len(self.token_ids)
+        if n != len(self.logprobs):
+            raise ValueError(
+                f"token_ids and logprobs must align; got {n} ids and {len(self.logprobs)} log-probs"
+            )
+        if not 0 <= self.version_start <= self.version_end:
+            raise ValueError(
+                "need 0 <= version_start <= version_end; got "
+                f"{self.version_start}, {self.version_end}"
+            )
+        if not self.finish_reason:
+            raise ValueError("finish_reason must be a non-empty string")
+        if any(not 0 <= j < n for j in self.forced_positions):
+            raise ValueError(
+                f"forced_positions must index the {n} completion tokens; "
+                f"got {list(self.forced_positions)[:8]}"
+            )
+        v0, v1 = self.version_start, self.version_end
+        for v, a, b in self.version_spans:
+            if not (v0 <= v <= v1 and 0 <= a <= b <= n):
+                raise ValueError(
+                    f"version spans must lie within versions [{v0}, {v1}] and tokens [0, {n}]; "
+                    f"got version {v} tokens [{a}, {b})"
+                )
+
+    def token_versions(self) -> np.ndarray:
+        """int32 [L]: the weight version that sampled each token, from `version_spans` (spans
+        apply in order; a token no span covers, or every token when there are none, gets
+        version_start, the oldest: a conservative stamp for the lag)."""
+        out = np.full(len(self.token_ids), self.version_start, np.int32)
+        for v, a, b in self.version_spans:
+            out[a:b] = v
+        return out
 
 
 @dataclasses.dataclass(frozen=True)

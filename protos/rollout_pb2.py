@@ -24,23 +24,23 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14protos/rollout.proto\x12\x10jaxrl.gateway.v1\"\xa9\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\x05\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x00\x88\x01\x01\x12\x18\n\x10reasoning_budget\x18\x07 \x01(\x05\x42\x07\n\x05_seed\"\x9c\x01\n\x06Prompt\x12\x11\n\tsample_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x12\n\ngroup_size\x18\x03 \x01(\x05\x12\x32\n\x08sampling\x18\x04 \x01(\x0b\x32 .jaxrl.gateway.v1.SamplingParams\x12\x0f\n\x07is_eval\x18\x05 \x01(\x08\x12\x13\n\x0bmin_version\x18\x06 \x01(\x03\"F\n\x0bVersionSpan\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x13\n\x0bstart_token\x18\x02 \x01(\x05\x12\x11\n\tend_token\x18\x03 \x01(\x05\"\x91\x02\n\nCompletion\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x35\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1e.jaxrl.gateway.v1.FinishReason\x12\x15\n\rversion_start\x18\x04 \x01(\x03\x12\x13\n\x0bversion_end\x18\x05 \x01(\x03\x12\x34\n\rversion_spans\x18\x06 \x03(\x0b\x32\x1d.jaxrl.gateway.v1.VersionSpan\x12\x15\n\rfirst_token_s\x18\x07 \x01(\x01\x12\x14\n\x0cgeneration_s\x18\x08 \x01(\x01\x12\x18\n\x10\x66orced_positions\x18\t \x03(\x05\"\xb3\x01\n\x0cRolloutGroup\x12\x11\n\tsample_id\x18\x01 \x01(\t\x12\x31\n\x0b\x63ompletions\x18\x02 \x03(\x0b\x32\x1c.jaxrl.gateway.v1.Completion\x12\x11\n\tengine_id\x18\x03 \x01(\t\x12(\n\x06prompt\x18\x04 \x01(\x0b\x32\x18.jaxrl.gateway.v1.Prompt\x12\x0f\n\x07queue_s\x18\x05 \x01(\x01\x12\x0f\n\x07lease_s\x18\x06 \x01(\x01*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14protos/rollout.proto\x12\x10jaxrl.gateway.v1\"\xbd\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_p\x18\x02 \x01(\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\x05\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x00\x88\x01\x01\x12\x18\n\x10reasoning_budget\x18\x07 \x01(\x05\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x42\x07\n\x05_seed\"\x9c\x01\n\x06Prompt\x12\x11\n\tsample_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x12\n\ngroup_size\x18\x03 \x01(\x05\x12\x32\n\x08sampling\x18\x04 \x01(\x0b\x32 .jaxrl.gateway.v1.SamplingParams\x12\x0f\n\x07is_eval\x18\x05 \x01(\x08\x12\x13\n\x0bmin_version\x18\x06 \x01(\x03\"F\n\x0bVersionSpan\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x13\n\x0bstart_token\x18\x02 \x01(\x05\x12\x11\n\tend_token\x18\x03 \x01(\x05\"\x91\x02\n\nCompletion\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x35\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1e.jaxrl.gateway.v1.FinishReason\x12\x15\n\rversion_start\x18\x04 \x01(\x03\x12\x13\n\x0bversion_end\x18\x05 \x01(\x03\x12\x34\n\rversion_spans\x18\x06 \x03(\x0b\x32\x1d.jaxrl.gateway.v1.VersionSpan\x12\x15\n\rfirst_token_s\x18\x07 \x01(\x01\x12\x14\n\x0cgeneration_s\x18\x08 \x01(\x01\x12\x18\n\x10\x66orced_positions\x18\t \x03(\x05\"\xb3\x01\n\x0cRolloutGroup\x12\x11\n\tsample_id\x18\x01 \x01(\t\x12\x31\n\x0b\x63ompletions\x18\x02 \x03(\x0b\x32\x1c.jaxrl.gateway.v1.Completion\x12\x11\n\tengine_id\x18\x03 \x01(\t\x12(\n\x06prompt\x18\x04 \x01(\x0b\x32\x18.jaxrl.gateway.v1.Prompt\x12\x0f\n\x07queue_s\x18\x05 \x01(\x01\x12\x0f\n\x07lease_s\x18\x06 \x01(\x01*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.rollout_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=903
-  _globals['_FINISHREASON']._serialized_end=1023
+  _globals['_FINISHREASON']._serialized_start=923
+  _globals['_FINISHREASON']._serialized_end=1043
   _globals['_SAMPLINGPARAMS']._serialized_start=43
-  _globals['_SAMPLINGPARAMS']._serialized_end=212
-  _globals['_PROMPT']._serialized_start=215
-  _globals['_PROMPT']._serialized_end=371
-  _globals['_VERSIONSPAN']._serialized_start=373
-  _globals['_VERSIONSPAN']._serialized_end=443
-  _globals['_COMPLETION']._serialized_start=446
-  _globals['_COMPLETION']._serialized_end=719
-  _globals['_ROLLOUTGROUP']._serialized_start=722
-  _globals['_ROLLOUTGROUP']._serialized_end=901
+  _globals['_SAMPLINGPARAMS']._serialized_end=232
+  _globals['_PROMPT']._serialized_start=235
+  _globals['_PROMPT']._serialized_end=391
+  _globals['_VERSIONSPAN']._serialized_start=393
+  _globals['_VERSIONSPAN']._serialized_end=463
+  _globals['_COMPLETION']._serialized_start=466
+  _globals['_COMPLETION']._serialized_end=739
+  _globals['_ROLLOUTGROUP']._serialized_start=742
+  _globals['_ROLLOUTGROUP']._serialized_end=921
 # @@protoc_insertion_point(module_scope)

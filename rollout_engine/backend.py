@@ -1,92 +1,114 @@
 """The rollout backend seam: what the engine worker loop needs from vLLM or the JAX batcher.
 
 A backend takes prompts continuously (many `generate` calls in flight at once, each a group
-of G samples of one prompt), returns token ids with the log-prob of each sampled token under
-the sampling distribution and the weight versions that produced them, and swaps in a whole new
-weight version on `update_weights`. No ML library is imported here.
+of G samples of one leased `gateway.messages.Prompt`), returns `gateway.messages.Completion`s
+(token ids with the log-prob of each sampled token under the sampling distribution and the
+weight versions that produced them; the record the trainer reads, no conversion between), and
+swaps in a whole new weight version on `update_weights`. No ML library is imported here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gateway import messages as m
 
 if TYPE_CHECKING:
     from transport.manifest import Manifest
 
 
-@dataclass(frozen=True)
-class SamplingConfig:
-    """How to sample one group.
+def check_prompt(prompt: m.Prompt) -> None:
+    """Refuse a leased prompt a backend cannot serve (the worker returns it aborted).
 
-    Attributes:
-        n: group size G (samples per prompt), >= 1.
-        max_tokens: most new tokens per sample.
-        temperature: softmax temperature; 0 is greedy. Log-probs are of the distribution
-            actually sampled from (logits / temperature, after top-k/top-p).
-        top_p, top_k: nucleus and top-k filters (1.0 and -1 turn them off).
-        seed: per-request seed, or None for the engine's.
-        stop_token_ids: extra token ids that end a sample (EOS always does unless
-            `ignore_eos`).
-        ignore_eos: keep sampling past EOS (benchmarks and tests only).
+    Raises:
+        ValueError: an empty prompt, group size or max_new_tokens < 1, a negative temperature,
+            or a per-prompt reasoning budget (the JAX engine sets it per engine).
     """
-
-    n: int = 1
-    max_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-
-    def __post_init__(self) -> None:
-        if self.n < 1 or self.max_tokens < 1:
-            raise ValueError(f"n and max_tokens must be >= 1, got {self.n}, {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-
-
-@dataclass(frozen=True)
-class VersionSpan:
-    """Output tokens `[start, end)` of a sample were sampled with weight `version`."""
-
-    version: int
-    start: int
-    end: int
+    s = prompt.sampling
+    if len(prompt.token_ids) == 0:
+        raise ValueError(f"prompt {prompt.sample_id!r} is empty")
+    if prompt.group_size < 1 or s.max_new_tokens < 1:
+        raise ValueError(
+            f"prompt {prompt.sample_id!r}: group_size and max_new_tokens must be >= 1, got "
+            f"{prompt.group_size}, {s.max_new_tokens}"
+        )
+    if s.temperature < 0:
+        raise ValueError(
+            f"prompt {prompt.sample_id!r}: temperature must be >= 0, got {s.temperature}"
+        )
+    if s.reasoning_budget:
+        raise ValueError(
+            f"prompt {prompt.sample_id!r}: reasoning_budget={s.reasoning_budget} per prompt is "
+            "not supported by the backend seam; expected 0 (set it in the engine config)"
+        )
 
 
-@dataclass(frozen=True)
-class Sample:
-    """One completion.
+def completion(
+    token_ids: Sequence[int] | np.ndarray,
+    logprobs: Sequence[float] | np.ndarray,
+    finish_reason: str,
+    spans: Sequence[tuple[int, int, int]],
+    version: int,
+    forced_positions: Sequence[int] = (),
+) -> m.Completion:
+    """The record a backend returns for one sample.
 
-    Attributes:
-        token_ids: sampled token ids, `[L]` ints.
-        logprobs: log-prob of each sampled token under the sampling distribution, `[L]`
-            floats (natural log).
-        finish_reason: `"stop"` (EOS or a stop token) or `"length"` (hit `max_tokens`; the last
+    Args:
+        token_ids: [L] sampled ids; logprobs: [L] their log-probs (natural log).
+        finish_reason: "stop" (EOS or a stop token) or "length" (hit max_new_tokens; the last
             token is the one sampled there, with its log-prob).
-        versions: spans covering `[0, L)`, oldest first; more than one when a weight update
-            happened while this sample was being generated.
-        forced_positions: indices into `token_ids` (ascending) of tokens the engine wrote
-            without sampling them (the JAX engine's end-of-think phrase); empty for vLLM.
+        spans: (version, start, end) triples covering [0, L), oldest first; more than one when
+            a weight update happened while the sample was generated.
+        version: the version served when the request started; the stamps when there are no
+            spans (L = 0).
+        forced_positions: indices of tokens written without sampling them (JAX engine's
+            end-of-think phrase); empty for vLLM.
+
+    The stamps are the first and last span's versions; the spans travel as they are.
     """
+    spans = tuple((int(v), int(a), int(b)) for v, a, b in spans)
+    v0, v1 = (spans[0][0], spans[-1][0]) if spans else (version, version)
+    return m.Completion(
+        token_ids=np.asarray(token_ids, np.int32),
+        logprobs=np.asarray(logprobs, np.float32),
+        finish_reason=finish_reason,
+        version_start=v0,
+        version_end=v1,
+        version_spans=spans,
+        forced_positions=tuple(forced_positions),
+    )
 
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    finish_reason: str
-    versions: tuple[VersionSpan, ...]
-    forced_positions: tuple[int, ...] = ()
+
+def group_of(
+    prompt: m.Prompt, completions: Sequence[m.Completion], generation_s: float
+) -> m.RolloutGroup:
+    """The `RolloutGroup` returned for `prompt`: its G completions in sample order, each stamped
+    with `generation_s` (seconds from the engine taking the prompt to the group's end).
+
+    Raises:
+        ValueError: the backend returned not exactly G completions.
+    """
+    if len(completions) != prompt.group_size:
+        raise ValueError(
+            f"prompt {prompt.sample_id!r}: expected {prompt.group_size} samples of it, the "
+            f"backend returned {len(completions)}"
+        )
+    stamped = tuple(dataclasses.replace(c, generation_s=generation_s) for c in completions)
+    return m.RolloutGroup(sample_id=prompt.sample_id, completions=stamped)
 
 
-@dataclass(frozen=True)
-class GroupResult:
-    """The G samples of one prompt, in sample-index order."""
-
-    prompt_id: str
-    prompt_token_ids: tuple[int, ...]
-    samples: tuple[Sample, ...]
+def aborted_group(prompt: m.Prompt, version: int) -> m.RolloutGroup:
+    """G empty completions with finish reason "abort": a prompt this engine cannot serve
+    (too long, sampling it refuses). Returned, not released, so that it does not circle
+    through the queue forever; the trainer drops aborted groups."""
+    empty = completion((), (), "abort", (), version)
+    return m.RolloutGroup(sample_id=prompt.sample_id, completions=(empty,) * prompt.group_size)
 
 
 @dataclass(frozen=True)
@@ -108,13 +130,13 @@ class RolloutBackend(ABC):
         """Load the model and get ready to serve (weight version = the initial one)."""
 
     @abstractmethod
-    async def generate(
-        self, prompt_id: str, prompt_token_ids: list[int], sampling: SamplingConfig
-    ) -> GroupResult:
-        """Sample `sampling.n` completions of one prompt; many calls may run at once.
+    async def generate(self, prompt: m.Prompt) -> tuple[m.Completion, ...]:
+        """Sample `prompt.group_size` completions of one prompt under `prompt.sampling`, in
+        sample order (see `completion`); many calls may run at once.
 
         Raises:
-            ValueError: an empty prompt, or a prompt plus `max_tokens` over the context.
+            ValueError: an empty prompt, a prompt plus `max_new_tokens` over the context, or
+                sampling settings this engine cannot serve.
             RuntimeError: the backend holds no whole weight version (a failed update).
         """
 

@@ -63,7 +63,8 @@ class VllmOptions(BaseModel):
 
 class JaxOptions(BaseModel):
     """JAX backend settings (see rollout_engine.jax.backend.JaxBackendConfig). temperature,
-    top_k and top_p are the engine's default sampling (top_k <= 0 and top_p >= 1 are off):
+    top_k and top_p are the engine's default sampling (top_k 0 and top_p 1 are off, as in
+    `gateway.messages.SamplingParams`):
     requests carry their own values per slot, but whether a top-k / top-p filter exists at
     all is compiled in, so an engine started without one refuses a request that asks for it."""
 
@@ -78,7 +79,7 @@ class JaxOptions(BaseModel):
     replicas: int = Field(default=1, ge=1)
     devices_per_replica: int = Field(default=1, ge=1)
     temperature: float = Field(default=1.0, ge=0)
-    top_k: int = -1
+    top_k: int = Field(default=0, ge=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
     seed: int = 0
 

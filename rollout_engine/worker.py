@@ -55,10 +55,15 @@ from gateway import messages as m
 from gateway.client import GatewayClient
 from gateway.errors import NOT_FOUND, GatewayError
 from gateway.heartbeat import HeartbeatThread
-from rollout_engine.backend import RolloutBackend, UpdateStats
+from rollout_engine.backend import (
+    RolloutBackend,
+    UpdateStats,
+    aborted_group,
+    check_prompt,
+    group_of,
+)
 from rollout_engine.calls import EngineDropped, GatewayCaller, GatewayLost
 from rollout_engine.config import WorkerConfig
-from rollout_engine.wire import aborted_group, group_of, sampling_of
 from transport.sync_plan import SyncPlan, SyncPlanError
 
 log = logging.getLogger(__name__)
@@ -251,11 +256,9 @@ class EngineWorker:
         t0 = time.monotonic()
         version = self.backend.weight_version
         try:
-            sampling = sampling_of(prompt)
-            result = await self.backend.generate(
-                prompt.sample_id, [int(t) for t in prompt.token_ids], sampling
-            )
-            group = group_of(prompt, result, version or 0, time.monotonic() - t0)
+            check_prompt(prompt)
+            completions = await self.backend.generate(prompt)
+            group = group_of(prompt, completions, time.monotonic() - t0)
         except ValueError as e:
             log.warning("prompt %s refused: %s", prompt.sample_id, e)
             self.stats.prompts_aborted += 1

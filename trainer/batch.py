@@ -11,6 +11,8 @@ Layout of a row (right padded with `pad_id`):
                       except t = P - 1 + j for each forced completion token j (a token the
                       engine wrote without sampling it, e.g. an end-of-think phrase)
     sampler_logprobs[b, P - 1 + j] = the engine's log-prob of completion token j
+    token_versions[b, P - 1 + j]   = the weight version that sampled completion token j
+                                     (NO_VERSION = -1 at prompt and pad positions)
 
 so ``fused_target_logprobs(model.hidden(tokens, positions), W, targets)`` is aligned with
 `sampler_logprobs` and `loss_mask` position by position.
@@ -34,6 +36,8 @@ from trainer.rollouts import RolloutGroup
 from trainer.sharding import DATA_AXES, place
 
 BATCH_AXES: tuple[str, ...] = tuple(DATA_AXES)  # ("dp", "fsdp"), from trainer.sharding
+NO_VERSION = -1
+"""`RLBatch.token_versions` at positions whose target is no completion token (prompt, pad)."""
 
 
 @jax.tree_util.register_dataclass
@@ -55,10 +59,16 @@ class RLBatch:
       group_std: [B] float32 population std of the row's group rewards.
       advantages: [B] float32 group-relative advantages (see `trainer.losses.advantages`).
       group_index: [B] int32 index of the row's group in the input list.
-      version_start: [B] int32 weight version at which each completion started.
-      lag: [B] int32 lag of the row's group at the step (trainer version minus the group's
-        oldest version_start, `trainer.filters.group_lag`), for the gap metrics and the
-        corrections that treat stale rows apart.
+      version_start: [B] int32 weight version at which each completion started (its oldest
+        token's version: the row's minimum of `token_versions` over the completion).
+      lag: [B] int32 lag of the row's group at the step: the trainer's version minus the
+        version of the group's oldest token (its oldest version_start,
+        `trainer.filters.group_lag`), for the gap metrics and the corrections that treat stale
+        rows apart.
+      token_versions: [B, L] int32, aligned with `sampler_logprobs`: the weight version that
+        sampled the target at each loss position (from the completion's version spans; an
+        update in flight gives one row two or more versions), `NO_VERSION` (-1) at prompt and
+        pad positions. Forced tokens carry the version current when they were written.
     """
 
     tokens: np.ndarray | jax.Array
@@ -75,6 +85,7 @@ class RLBatch:
     group_index: np.ndarray | jax.Array
     version_start: np.ndarray | jax.Array
     lag: np.ndarray | jax.Array
+    token_versions: np.ndarray | jax.Array
 
     @property
     def num_rows(self) -> int:
@@ -185,6 +196,7 @@ def build_rl_batch(
     targets = np.full((b, length), pad_id, np.int32)
     sampler = np.zeros((b, length), np.float32)
     mask = np.zeros((b, length), np.float32)
+    versions = np.full((b, length), NO_VERSION, np.int32)
     prompt_lens = np.zeros(b, np.int32)
     for i, (group, comp) in enumerate(rows):
         p, s = len(group.prompt_ids), int(seq_lens[i])
@@ -193,6 +205,7 @@ def build_rl_batch(
         targets[i, : s - 1] = tokens[i, 1:s]
         sampler[i, p - 1 : s - 1] = comp.logprobs
         mask[i, p - 1 : s - 1] = 1.0
+        versions[i, p - 1 : s - 1] = comp.token_versions()
         for j in comp.forced_positions:
             mask[i, p - 1 + j] = 0.0
         prompt_lens[i] = p
@@ -219,6 +232,7 @@ def build_rl_batch(
         lag=np.array(
             [lag for lag, g in zip(lags, groups, strict=True) for _ in g.completions], np.int32
         ),
+        token_versions=versions,
     )
 
 

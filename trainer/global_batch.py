@@ -40,6 +40,7 @@ FIELDS: dict[str, tuple[int, np.dtype]] = {
     "group_index": (1, np.dtype(np.int32)),
     "version_start": (1, np.dtype(np.int32)),
     "lag": (1, np.dtype(np.int32)),
+    "token_versions": (2, np.dtype(np.int32)),
 }
 
 

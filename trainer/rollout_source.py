@@ -34,7 +34,7 @@ from trainer.positions import ConsumedPositions, PositionLedger
 from trainer.rewards.base import Problem
 from trainer.rewards.problem_stream import ProblemStream
 from trainer.rewards.scoring import ScoringPool
-from trainer.rollouts import Completion, RolloutGroup
+from trainer.rollouts import RolloutGroup
 
 Encode = Callable[[Problem], Sequence[int]]
 
@@ -59,18 +59,7 @@ def group_from_gateway(group: m.RolloutGroup) -> RolloutGroup:
     """
     if group.prompt is None:
         raise ValueError(f"group {group.sample_id!r} came without its prompt")
-    completions = [
-        Completion(
-            token_ids=np.asarray(c.token_ids).tolist(),
-            logprobs=np.asarray(c.logprobs, np.float64).tolist(),
-            finish_reason=c.finish_reason,
-            version_start=c.version_start,
-            version_end=c.version_end,
-            forced_positions=list(c.forced_positions),
-        )
-        for c in group.completions
-    ]
-    return RolloutGroup(group.sample_id, np.asarray(group.prompt.token_ids).tolist(), completions)
+    return RolloutGroup(group.sample_id, group.prompt.token_ids, group.completions)
 
 
 class RolloutSource:

@@ -1,7 +1,8 @@
 """Rollouts as the trainer sees them: one prompt's group of sampled completions.
 
-These are plain host-side records (Python lists, no arrays), made from the gateway's groups by
-`trainer.rollout_source`.
+A completion is the engines' own record, `gateway.messages.Completion` (int32 token ids,
+float32 log-probs, weight versions and their spans), scored here (`reward`); nothing converts
+it between the backend and the batch (`trainer.batch`). A group adds the prompt's token ids.
 """
 
 from __future__ import annotations
@@ -9,56 +10,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import numpy as np
 
-@dataclasses.dataclass(frozen=True)
-class Completion:
-    """One sampled completion (token-in, token-out).
-
-    Attributes:
-      token_ids: the C sampled token ids (int), EOS included when the engine stopped on it.
-      logprobs: C floats, log-prob of each sampled token under the sampling distribution (the
-        engine's processed log-probs, after temperature), aligned with `token_ids`.
-      finish_reason: why generation ended, e.g. "stop" (EOS or stop string), "length", "abort".
-      version_start: weight version when the first token was sampled.
-      version_end: weight version when the last token was sampled (>= version_start).
-      reward: the verifier's score, None until scored.
-      text: the decoded completion, if the engine sent it (the verifier may decode instead).
-      forced_positions: indices into `token_ids` of tokens the engine wrote without sampling
-        them (the JAX engine's end-of-think phrase at a reasoning budget); `build_rl_batch`
-        keeps them out of the loss mask, since the policy never chose them.
-
-    Raises:
-      ValueError: if lengths differ, versions are negative or out of order, finish_reason is
-        empty, or a forced position is outside the completion.
-    """
-
-    token_ids: Sequence[int]
-    logprobs: Sequence[float]
-    finish_reason: str
-    version_start: int
-    version_end: int
-    reward: float | None = None
-    text: str | None = None
-    forced_positions: Sequence[int] = ()
-
-    def __post_init__(self) -> None:
-        if len(self.token_ids) != len(self.logprobs):
-            raise ValueError(
-                f"token_ids and logprobs must align; got {len(self.token_ids)} ids and "
-                f"{len(self.logprobs)} log-probs"
-            )
-        if not 0 <= self.version_start <= self.version_end:
-            raise ValueError(
-                "need 0 <= version_start <= version_end; got "
-                f"{self.version_start}, {self.version_end}"
-            )
-        if not self.finish_reason:
-            raise ValueError("finish_reason must be a non-empty string")
-        if any(not 0 <= j < len(self.token_ids) for j in self.forced_positions):
-            raise ValueError(
-                f"forced_positions must index the {len(self.token_ids)} completion tokens; "
-                f"got {list(self.forced_positions)[:8]}"
-            )
+from gateway.messages import Completion
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,22 +21,26 @@ class RolloutGroup:
 
     Attributes:
       sample_id: the id the trainer gave the prompt when submitting it (links to its answer).
-      prompt_ids: the prompt's token ids (at least one).
-      completions: the G >= 1 completions.
+      prompt_ids: int32 [P] the prompt's token ids (P >= 1; a sequence becomes an array).
+      completions: the G >= 1 completions (`Completion.validate` passed on each).
 
     Raises:
-      ValueError: for an empty prompt or an empty group.
+      ValueError: for an empty prompt, an empty group, or a completion `Completion.validate`
+        refuses (lengths that differ, versions out of order, a forced position outside it).
     """
 
     sample_id: str
-    prompt_ids: Sequence[int]
+    prompt_ids: np.ndarray
     completions: Sequence[Completion]
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt_ids", np.asarray(self.prompt_ids, np.int32))
         if len(self.prompt_ids) == 0:
             raise ValueError(f"group {self.sample_id!r}: prompt_ids must not be empty")
         if len(self.completions) == 0:
             raise ValueError(f"group {self.sample_id!r}: needs at least one completion")
+        for c in self.completions:
+            c.validate()
 
     @property
     def version_start(self) -> int:

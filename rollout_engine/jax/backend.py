@@ -26,14 +26,8 @@ import numpy as np
 from flax import nnx
 from pydantic import ConfigDict
 
-from rollout_engine.backend import (
-    GroupResult,
-    RolloutBackend,
-    Sample,
-    SamplingConfig,
-    UpdateStats,
-    VersionSpan,
-)
+from gateway import messages as m
+from rollout_engine.backend import RolloutBackend, UpdateStats, completion
 from rollout_engine.config import JaxOptions
 from rollout_engine.jax.batcher import BatcherConfig
 from rollout_engine.jax.engine import EngineConfig, JaxEngine
@@ -109,7 +103,7 @@ class JaxBackend(RolloutBackend):
                 seed=c.seed,
                 kv_bucket=c.kv_bucket,
             ),
-            JaxSampling(temperature=c.temperature, top_k=max(c.top_k, 0), top_p=c.top_p),
+            JaxSampling(temperature=c.temperature, top_k=c.top_k, top_p=c.top_p),
             StopConfig(eos_ids=eos, pad_id=eos[0]),
             replicas=c.replicas,
             devices_per_replica=c.devices_per_replica,
@@ -118,10 +112,10 @@ class JaxBackend(RolloutBackend):
         self.engine = JaxEngine(model_cfg, params, ecfg, version=c.initial_version)
         self._dispatcher = asyncio.create_task(self._dispatch())
 
-    def _check_sampling(self, s: SamplingConfig) -> None:
+    def _check_sampling(self, s: m.SamplingParams) -> None:
         c = self.cfg
-        compiled = max(c.top_k, 0) > 0 or c.top_p < 1.0
-        if not compiled and (max(s.top_k, 0) > 0 or s.top_p < 1.0):
+        compiled = c.top_k > 0 or c.top_p < 1.0
+        if not compiled and (s.top_k > 0 or s.top_p < 1.0):
             raise ValueError(
                 f"the request asks for top_k={s.top_k}, top_p={s.top_p}; this JAX engine was "
                 "started without a top-k / top-p filter (--jax-top-k / --jax-top-p), so its "
@@ -135,31 +129,30 @@ class JaxBackend(RolloutBackend):
                 f"stop ids {sorted(extra)} are not engine stop ids; set them in config"
             )
 
-    async def generate(
-        self, prompt_id: str, prompt_token_ids: list[int], sampling: SamplingConfig
-    ) -> GroupResult:
-        """See `RolloutBackend.generate`. ``max_tokens`` counts every completion token."""
+    async def generate(self, prompt: m.Prompt) -> tuple[m.Completion, ...]:
+        """See `RolloutBackend.generate`. ``max_new_tokens`` counts every completion token."""
         if self.engine is None:
             raise RuntimeError("the backend is not started")
         if self._version is None:
             raise RuntimeError("engine holds no whole weight version (a failed update)")
-        if not prompt_token_ids:
-            raise ValueError(f"prompt {prompt_id!r} is empty")
-        self._check_sampling(sampling)
-        key = f"{prompt_id}#{next(self._ids)}"
+        if len(prompt.token_ids) == 0:
+            raise ValueError(f"prompt {prompt.sample_id!r} is empty")
+        s, g, version = prompt.sampling, prompt.group_size, self._version
+        self._check_sampling(s)
+        key = f"{prompt.sample_id}#{next(self._ids)}"
         request = Request(
-            key, tuple(prompt_token_ids), sampling.n, sampling.max_tokens, sampling.seed,
-            temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+            key, tuple(int(t) for t in prompt.token_ids), g, s.max_new_tokens, s.seed,
+            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
         )  # fmt: skip
         future: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._groups[key] = (future, [None] * sampling.n, [sampling.n])
+        self._groups[key] = (future, [None] * g, [g])
         try:
             self.engine.submit([request])
         except BaseException:
             self._groups.pop(key)
             raise
         samples: list[SampleResult] = await future
-        return GroupResult(prompt_id, tuple(prompt_token_ids), tuple(map(_sample, samples)))
+        return tuple(_completion(r, version) for r in samples)
 
     async def _dispatch(self) -> None:
         assert self.engine is not None
@@ -260,13 +253,8 @@ class JaxBackend(RolloutBackend):
             self._receiver = None
 
 
-def _sample(r: SampleResult) -> Sample:
-    """The seam's `Sample` from one engine result."""
-    spans = tuple(VersionSpan(v, s, e) for v, s, e in r.weight_versions)
-    return Sample(
-        tuple(int(t) for t in r.tokens),
-        tuple(float(x) for x in r.logprobs),
-        r.finish_reason,
-        spans,
-        forced_positions=r.forced_positions,
+def _completion(r: SampleResult, version: int) -> m.Completion:
+    """Our record of one engine result (`version`: the one served when the request started)."""
+    return completion(
+        r.tokens, r.logprobs, r.finish_reason, r.weight_versions, version, r.forced_positions
     )

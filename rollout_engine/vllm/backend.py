@@ -28,14 +28,8 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict
 
-from rollout_engine.backend import (
-    GroupResult,
-    RolloutBackend,
-    Sample,
-    SamplingConfig,
-    UpdateStats,
-    VersionSpan,
-)
+from gateway import messages as m
+from rollout_engine.backend import RolloutBackend, UpdateStats, completion
 from rollout_engine.config import VllmOptions
 from rollout_engine.vllm.registry import ENGINE_NAME, register_transfer_engines
 from transport.expected import checkpoint_tensors, num_kv_heads
@@ -131,50 +125,49 @@ class VllmBackend(RolloutBackend):
         info = {"transport": transport, "rank_offset": rank_offset, "world_size": ws}
         await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info))
 
-    async def generate(
-        self, prompt_id: str, prompt_token_ids: list[int], sampling: SamplingConfig
-    ) -> GroupResult:
-        """See `RolloutBackend.generate`. At temperature 0 with `n` > 1 the engine decodes
-        once and returns that greedy sample `n` times (vLLM refuses n > 1 for greedy
+    async def generate(self, prompt: m.Prompt) -> tuple[m.Completion, ...]:
+        """See `RolloutBackend.generate`. At temperature 0 with G > 1 the engine decodes
+        once and returns that greedy sample G times (vLLM refuses n > 1 for greedy
         sampling; greedy decoding of one prompt at one weight version is deterministic)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         if self._version is None:
             raise RuntimeError("engine holds no whole weight version (a failed update)")
-        if not prompt_token_ids:
-            raise ValueError(f"prompt {prompt_id!r} is empty")
-        if len(prompt_token_ids) + sampling.max_tokens > self.cfg.max_model_len:
+        s, tokens, g = prompt.sampling, [int(t) for t in prompt.token_ids], prompt.group_size
+        if not tokens:
+            raise ValueError(f"prompt {prompt.sample_id!r} is empty")
+        if len(tokens) + s.max_new_tokens > self.cfg.max_model_len:
             raise ValueError(
-                f"prompt {prompt_id!r}: {len(prompt_token_ids)} tokens + max_tokens "
-                f"{sampling.max_tokens} exceed max_model_len {self.cfg.max_model_len}"
+                f"prompt {prompt.sample_id!r}: {len(tokens)} tokens + max_new_tokens "
+                f"{s.max_new_tokens} exceed max_model_len {self.cfg.max_model_len}"
             )
         # vLLM refuses n > 1 at temperature 0 ("n must be 1 when using greedy sampling"):
         # greedy decoding is deterministic, so one sample stands for the group's n
-        greedy_copies = sampling.n if sampling.temperature == 0 and sampling.n > 1 else 1
-        n = sampling.n // greedy_copies
+        greedy_copies = g if s.temperature == 0 and g > 1 else 1
+        n = g // greedy_copies
         params = SamplingParams(
             n=n,
-            max_tokens=sampling.max_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k,
-            seed=sampling.seed,
-            stop_token_ids=list(sampling.stop_token_ids),
-            ignore_eos=sampling.ignore_eos,
+            max_tokens=s.max_new_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,  # 0 is off for vLLM too
+            seed=s.seed,
+            stop_token_ids=list(s.stop_token_ids),
+            ignore_eos=s.ignore_eos,
             logprobs=0,
             detokenize=False,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
         final = None
-        request_id = f"{prompt_id}-{uuid.uuid4().hex[:8]}"
-        prompt = {"prompt_token_ids": list(prompt_token_ids)}
-        async for out in self.engine.generate(prompt, params, request_id):
+        version = self._version
+        request_id = f"{prompt.sample_id}-{uuid.uuid4().hex[:8]}"
+        async for out in self.engine.generate({"prompt_token_ids": tokens}, params, request_id):
             final = out
         if final is None or len(final.outputs) != n:
             raise RuntimeError(f"request {request_id} ended without its {n} samples")
-        samples = tuple(_sample(c) for c in sorted(final.outputs, key=lambda c: c.index))
-        return GroupResult(prompt_id, tuple(prompt_token_ids), samples * greedy_copies)
+        outputs = sorted(final.outputs, key=lambda c: c.index)
+        return tuple(_completion(c, version) for c in outputs) * greedy_copies
 
     async def update_weights(self, manifest: Manifest) -> UpdateStats:
         """See `RolloutBackend.update_weights` and the module docstring.
@@ -233,11 +226,12 @@ class VllmBackend(RolloutBackend):
             self.engine = None
 
 
-def _sample(c: Any) -> Sample:
-    """Our `Sample` from one vLLM `CompletionOutput` (log-probs of the sampled tokens)."""
-    tokens = tuple(int(t) for t in c.token_ids)
+def _completion(c: Any, version: int) -> m.Completion:
+    """Our record of one vLLM `CompletionOutput` (log-probs of the sampled tokens, the
+    engine's `weight_versions` spans; `version`: the one served when the request started)."""
+    tokens = [int(t) for t in c.token_ids]
     if c.logprobs is None or len(c.logprobs) != len(tokens):
         raise RuntimeError(f"sample {c.index}: expected {len(tokens)} log-probs, got none/other")
-    lps = tuple(float(c.logprobs[i][t].logprob) for i, t in enumerate(tokens))
-    spans = tuple(VersionSpan(int(s.version), s.start, s.end) for s in c.weight_versions or ())
-    return Sample(tokens, lps, str(c.finish_reason), spans)
+    lps = [float(c.logprobs[i][t].logprob) for i, t in enumerate(tokens)]
+    spans = [(int(s.version), s.start, s.end) for s in c.weight_versions or ()]
+    return completion(tokens, lps, str(c.finish_reason), spans, version)

@@ -6,13 +6,16 @@ states the version it expects to find.
 """
 
 import asyncio
+import dataclasses
 import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from rollout_engine.backend import SamplingConfig, VersionSpan
+from gateway import convert as cv
+from gateway import messages as m
 from trainer.checkpoints.tiny import make_tiny_checkpoint
 from transport.manifest import Manifest, ManifestError
 
@@ -48,10 +51,14 @@ def run(world, coro):
     return world["loop"].run_until_complete(coro)
 
 
+def _prompt(sid, tokens, g, **sampling) -> m.Prompt:
+    return m.Prompt(sid, np.asarray(tokens, np.int32), g, m.SamplingParams(**sampling))
+
+
 def greedy(world, prompt, n=12):
-    sampling = SamplingConfig(n=1, max_tokens=n, temperature=0.0, ignore_eos=True)
-    res = run(world, world["backend"].generate("p", prompt, sampling))
-    return list(res.samples[0].token_ids), res.samples[0]
+    p = _prompt("p", prompt, 1, max_new_tokens=n, temperature=0.0, ignore_eos=True)
+    (sample,) = run(world, world["backend"].generate(p))
+    return list(sample.token_ids), sample
 
 
 def push(world, name: str, version: int, bucket_bytes: int, cmd: str = "send"):
@@ -69,7 +76,7 @@ def test_serves_model_a_at_version_0(world):
     for prompt in PROMPTS:
         tokens, sample = greedy(world, prompt)
         assert tokens == H.hf_greedy(world["hf"]["A"], prompt, 12)
-        assert sample.versions == (VersionSpan(0, 0, 12),)
+        assert sample.version_spans == ((0, 0, 12),)
         assert sample.finish_reason == "length"
 
 
@@ -82,11 +89,11 @@ def test_update_to_b_matches_transformers(world):
     for prompt in PROMPTS:
         tokens, sample = greedy(world, prompt)
         assert tokens == H.hf_greedy(hf_b, prompt, 12)
-        assert sample.versions == (VersionSpan(1, 0, 12),)
-    sampling = SamplingConfig(n=3, max_tokens=16, temperature=0.7, seed=123, ignore_eos=True)
-    res = run(world, world["backend"].generate("t", PROMPTS[0], sampling))
-    assert len(res.samples) == 3
-    for s in res.samples:
+        assert sample.version_spans == ((1, 0, 12),)
+    p = _prompt("t", PROMPTS[0], 3, max_new_tokens=16, temperature=0.7, seed=123, ignore_eos=True)
+    res = run(world, world["backend"].generate(p))
+    assert len(res) == 3
+    for s in res:
         ref = H.hf_logprobs(hf_b, PROMPTS[0], list(s.token_ids), 0.7)
         assert max(abs(x - y) for x, y in zip(s.logprobs, ref, strict=True)) < 1e-4
 
@@ -112,7 +119,7 @@ def test_two_versions_back_to_back_end_on_the_second(world):
     for prompt in PROMPTS:
         tokens, sample = greedy(world, prompt)
         assert tokens == H.hf_greedy(world["hf"]["A"], prompt, 12)
-        assert sample.versions == (VersionSpan(3, 0, 12),)
+        assert sample.version_spans == ((3, 0, 12),)
 
 
 def test_long_shared_prompt_after_update_uses_new_weights(world):
@@ -124,7 +131,7 @@ def test_long_shared_prompt_after_update_uses_new_weights(world):
     tokens_b, sample = greedy(world, prompt, 8)
     assert tokens_b == H.hf_greedy(world["hf"]["B"], prompt, 8)
     assert tokens_b != tokens_a
-    assert sample.versions == (VersionSpan(4, 0, 8),)
+    assert sample.version_spans == ((4, 0, 8),)
 
 
 def test_requests_in_flight_continue_with_new_weights(world):
@@ -134,11 +141,11 @@ def test_requests_in_flight_continue_with_new_weights(world):
     match transformers token for token."""
     backend, sender = world["backend"], world["sender"]
     prompt = PROMPTS[1]
-    sampling = SamplingConfig(n=1, max_tokens=480, temperature=0.0, ignore_eos=True)
+    request = _prompt("long", prompt, 1, max_new_tokens=480, temperature=0.0, ignore_eos=True)
     names = {v: "B" if v % 2 == 0 else "A" for v in range(4, 20)}  # 4 is B (the last push)
 
     async def scenario(version, delay):
-        task = asyncio.create_task(backend.generate("long", prompt, sampling))
+        task = asyncio.create_task(backend.generate(request))
         await asyncio.sleep(delay)
         manifest = sender.offer("send", world[names[version]], version, 1 << 20)
         await backend.update_weights(manifest)
@@ -149,17 +156,20 @@ def test_requests_in_flight_continue_with_new_weights(world):
         version = 5 + i
         res = run(world, scenario(version, delay))
         assert sender.result()[0] == "done"
-        tokens, spans = list(res.samples[0].token_ids), res.samples[0].versions
-        assert spans[-1].end == 480 and spans[0].start == 0
+        (sample,) = res
+        tokens, spans = list(sample.token_ids), sample.version_spans
+        assert spans[-1][2] == 480 and spans[0][1] == 0
         if len(spans) == 2:
-            (v0, _, k), (v1, k1, _) = [(x.version, x.start, x.end) for x in spans]
+            (v0, _, k), (v1, k1, _) = spans
             assert (v0, v1, k1) == (version - 1, version, k) and 0 < k < 480
+            assert (sample.version_start, sample.version_end) == (v0, v1)
+            world["crossed"] = (prompt, sample)
             assert tokens[:k] == H.hf_greedy(world["hf"][names[v0]], prompt, k)
             assert tokens[k : k + 8] == H.hf_greedy(world["hf"][names[v1]], prompt + tokens[:k], 8)
             switched += 1
             break
         assert len(spans) == 1
-        first = H.hf_greedy(world["hf"][names[spans[0].version]], prompt, 8)
+        first = H.hf_greedy(world["hf"][names[spans[0][0]]], prompt, 8)
         assert tokens[:8] == first
     assert switched == 1
     # leave the engine on B at version 10, as the later tests expect
@@ -170,6 +180,29 @@ def test_requests_in_flight_continue_with_new_weights(world):
     assert names[backend.weight_version] == "B"
 
 
+def test_a_request_across_an_update_gives_the_batch_its_per_token_versions(world):
+    """The completion that crossed an update (previous test), through the proto and back as
+    the gateway hands it to the trainer, into an `RLBatch`: the per-token versions are its two
+    spans at their exact loss positions, -1 at the prompt and the padding."""
+    from trainer.batch import NO_VERSION, build_rl_batch
+    from trainer.rollouts import RolloutGroup
+
+    prompt, sample = world["crossed"]
+    (v0, _, k), (v1, _, end) = sample.version_spans
+    fetched = cv.completion_from_pb(cv.completion_to_pb(sample))
+    assert fetched.version_spans == sample.version_spans
+    group = RolloutGroup("long", prompt, [dataclasses.replace(fetched, reward=1.0)])
+    batch = build_rl_batch([group], version=v1)
+    p, length = len(prompt), batch.length
+    want = np.full(length, NO_VERSION, np.int32)
+    want[p - 1 : p - 1 + k] = v0
+    want[p - 1 + k : p - 1 + end] = v1
+    assert batch.token_versions.shape == (1, length) and batch.token_versions.dtype == np.int32
+    np.testing.assert_array_equal(batch.token_versions[0], want)
+    assert (batch.version_start[0], batch.lag[0]) == (v0, 1)
+    np.testing.assert_array_equal(batch.loss_mask[0] > 0, want != NO_VERSION)
+
+
 def test_file_transport_update(world, tmp_path):
     from safetensors.torch import load_file
 
@@ -178,11 +211,11 @@ def test_file_transport_update(world, tmp_path):
     backend = world["backend"]
     run(world, backend.connect_transport({"kind": "file", "root": str(tmp_path), "timeout_s": 30}))
     state = load_file(str(world["B"] / "model.safetensors"))
-    m = Manifest.of(0, [(n, tuple(t.shape)) for n, t in state.items()], "float32", 1 << 16)
-    m = m.__class__(backend.weight_version + 1, m.tensors, m.bucket_bytes)
-    FileSender(tmp_path).send(m, state.items())
-    stats = run(world, backend.update_weights(m))
-    assert stats.version == m.version and backend.weight_version == m.version
+    man = Manifest.of(0, [(n, tuple(t.shape)) for n, t in state.items()], "float32", 1 << 16)
+    man = man.__class__(backend.weight_version + 1, man.tensors, man.bucket_bytes)
+    FileSender(tmp_path).send(man, state.items())
+    stats = run(world, backend.update_weights(man))
+    assert stats.version == man.version and backend.weight_version == man.version
     for prompt in PROMPTS:
         assert greedy(world, prompt)[0] == H.hf_greedy(world["hf"]["B"], prompt, 12)
 

@@ -26,8 +26,9 @@ VOCAB = 320  # trainer.checkpoints.tiny's default vocab_size
 def hand_batch():
     """4 groups of 2 completions (8 rows): fixed token ids, sampler log-probs near the uniform
     -log(320) = -5.77, rewards 0/1 in each group (nonzero advantages)."""
+    from gateway.messages import Completion
     from trainer.batch import build_rl_batch
-    from trainer.rollouts import Completion, RolloutGroup
+    from trainer.rollouts import RolloutGroup
 
     rng = np.random.default_rng(7)
     groups = []

@@ -76,7 +76,7 @@ class ScoringPool:
         rewards = []
         for i, comp in enumerate(group.completions):
             text = self._text(group, i) if verifier.needs_text else comp.text
-            rewards.append(verifier.score_completion(text, comp.token_ids, problem))
+            rewards.append(verifier.score_completion(text, comp.token_ids.tolist(), problem))
         return group.with_rewards(rewards)
 
     def score_async(self, group: RolloutGroup, problem: Problem) -> Future[RolloutGroup]:

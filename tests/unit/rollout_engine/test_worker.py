@@ -106,7 +106,7 @@ def test_update_refused_before_loading_keeps_serving_the_old_version(gateway):
     backend.holds["held"].set()
     (group,) = trainer.fetch_rollouts(max_groups=1, timeout_s=10)
     h.check_group(group, held, (0, 0))
-    assert all(c.version_spans == () for c in group.completions)
+    assert all(c.version_spans == ((0, 0, len(c.token_ids)),) for c in group.completions)
 
     # the next version is attempted (and loads); version 1 is not tried again
     trainer.publish_version(2, _plan(engine_id, 2))
@@ -178,7 +178,7 @@ def test_groups_return_at_once_with_exact_tokens_and_stamps(gateway):
     for g in fast:
         h.check_group(g, prompts[int(g.sample_id[1:]) + 1], (0, 0))
         assert g.engine_id == engine_id
-        assert all(c.version_spans == () for c in g.completions)
+        assert all(c.version_spans == ((0, 0, len(c.token_ids)),) for c in g.completions)
     backend.holds["slow"].set()
     (slow,) = trainer.fetch_rollouts(max_groups=5, timeout_s=10)
     h.check_group(slow, prompts[0], (0, 0))

@@ -17,14 +17,7 @@ from gateway import messages as m
 from gateway.client import GatewayClient
 from gateway.config import GatewayConfig, RunSettings
 from gateway.server import GatewayServer
-from rollout_engine.backend import (
-    GroupResult,
-    RolloutBackend,
-    Sample,
-    SamplingConfig,
-    UpdateStats,
-    VersionSpan,
-)
+from rollout_engine.backend import RolloutBackend, UpdateStats, completion
 from rollout_engine.config import WorkerConfig
 from rollout_engine.worker import EngineWorker
 from transport.base import TransferError
@@ -85,15 +78,15 @@ class FakeBackend(RolloutBackend):
     async def start(self) -> None:
         return None
 
-    async def generate(
-        self, prompt_id: str, prompt_token_ids: list[int], sampling: SamplingConfig
-    ) -> GroupResult:
+    async def generate(self, prompt: m.Prompt) -> tuple[m.Completion, ...]:
+        prompt_id, prompt_token_ids = prompt.sample_id, [int(t) for t in prompt.token_ids]
         self.calls.append((prompt_id, self._version))
         if prompt_id.startswith("bad"):
             raise ValueError(f"prompt {prompt_id!r} refused by the fake")
         if self._version is None:
             raise RuntimeError("no whole version")
-        n = sampling.max_tokens
+        version = self._version
+        n = prompt.sampling.max_new_tokens
         stamps = []
         for j in range(n):
             if j == n // 2 and prompt_id in self.holds:
@@ -102,16 +95,16 @@ class FakeBackend(RolloutBackend):
             await asyncio.sleep(self.step_s)
             stamps.append(self._version)
         spans = _spans(stamps)
-        samples = tuple(
-            Sample(
-                tuple(expected_tokens(prompt_token_ids, i, n)),
-                tuple(expected_logprobs(n)),
+        return tuple(
+            completion(
+                expected_tokens(prompt_token_ids, i, n),
+                expected_logprobs(n),
                 "length",
                 spans,
-            )
-            for i in range(sampling.n)
+                version,
+            )  # fmt: skip
+            for i in range(prompt.group_size)
         )
-        return GroupResult(prompt_id, tuple(prompt_token_ids), samples)
 
     async def connect_transport(self, transport: dict, rank_offset: int, world_size: int) -> None:
         self.connects.append((transport, rank_offset, world_size))
@@ -154,14 +147,14 @@ class FakeBackend(RolloutBackend):
         return None
 
 
-def _spans(stamps: list[int | None]) -> tuple[VersionSpan, ...]:
-    spans: list[VersionSpan] = []
+def _spans(stamps: list[int | None]) -> list[tuple[int, int, int]]:
+    spans: list[tuple[int, int, int]] = []
     for j, v in enumerate(stamps):
-        if spans and spans[-1].version == v:
-            spans[-1] = VersionSpan(v, spans[-1].start, j + 1)
+        if spans and spans[-1][0] == v:
+            spans[-1] = (spans[-1][0], spans[-1][1], j + 1)
         else:
-            spans.append(VersionSpan(int(v or 0), j, j + 1))
-    return tuple(spans)
+            spans.append((int(v or 0), j, j + 1))
+    return spans
 
 
 class WorkerThread:

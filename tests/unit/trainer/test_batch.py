@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from trainer.batch import bucket_length, build_rl_batch, shard_batch
+from gateway.messages import Completion
+from trainer.batch import NO_VERSION, bucket_length, build_rl_batch, shard_batch
 from trainer.logprobs import fused_target_logprobs
 from trainer.losses import make_loss
-from trainer.rollouts import Completion, RolloutGroup
+from trainer.rollouts import RolloutGroup
 
 
 def _groups() -> list[RolloutGroup]:
@@ -100,6 +101,45 @@ def test_build_rl_batch_exact_arrays():
     )
 
 
+def test_per_token_versions_come_from_the_spans():
+    """Hand-built completions with version spans (an update landed after token 2 of the first,
+    two updates inside the third; the second has no spans: one version) -> the exact [B, L]
+    array, aligned with the loss positions P - 1 + j, NO_VERSION (-1) elsewhere."""
+    crossed = Completion(
+        [8, 9, 10, 11], [-0.5] * 4, "length", 3, 4, version_spans=((3, 0, 2), (4, 2, 4)),
+        reward=1.0,
+    )  # fmt: skip
+    whole = Completion([12, 2], [-0.25] * 2, "stop", 4, 4, reward=0.0)
+    twice = Completion(
+        [13, 14, 15], [-1.0] * 3, "length", 2, 4, version_spans=((2, 0, 1), (3, 1, 2), (4, 2, 3)),
+        reward=0.5,
+    )  # fmt: skip
+    groups = [
+        RolloutGroup("a", [5, 6], [crossed, whole]),
+        RolloutGroup("b", [7], [twice, dataclasses.replace(whole, reward=0.5)]),
+    ]
+    batch = build_rl_batch(groups, version=5)
+    assert batch.token_versions.dtype == np.int32 and NO_VERSION == -1
+    np.testing.assert_array_equal(
+        batch.token_versions,
+        [
+            [-1, 3, 3, 4, 4, -1, -1, -1],
+            [-1, 4, 4, -1, -1, -1, -1, -1],
+            [2, 3, 4, -1, -1, -1, -1, -1],
+            [4, 4, -1, -1, -1, -1, -1, -1],
+        ],
+    )
+    np.testing.assert_array_equal(batch.token_versions >= 0, batch.loss_mask > 0)
+    # lag: the trainer's version minus the group's oldest token's version
+    np.testing.assert_array_equal(batch.version_start, [3, 4, 2, 4])
+    np.testing.assert_array_equal(batch.lag, [2, 2, 3, 3])
+    # the same spans survive the wire: the gateway's proto and back
+    from gateway import convert as cv
+
+    back = cv.completion_from_pb(cv.completion_to_pb(twice))
+    np.testing.assert_array_equal(back.token_versions(), [2, 3, 4])
+
+
 def test_forced_tokens_are_kept_out_of_the_loss_mask():
     """An engine-forced token (an end-of-think phrase) is input and target like any other, but
     the loss never counts it: the policy did not choose it."""
@@ -107,7 +147,15 @@ def test_forced_tokens_are_kept_out_of_the_loss_mask():
         "t",
         [5, 6],
         [
-            Completion([7, 60, 61, 9], [-0.3, 0.0, 0.0, -0.7], "length", 0, 0, 1.0, None, [1, 2]),
+            Completion(
+                [7, 60, 61, 9],
+                [-0.3, 0.0, 0.0, -0.7],
+                "length",
+                0,
+                0,
+                reward=1.0,
+                forced_positions=[1, 2],
+            ),  # fmt: skip
             Completion([8, 2], [-0.2, -0.4], "stop", 0, 0, reward=0.0),
         ],
     )
@@ -117,7 +165,9 @@ def test_forced_tokens_are_kept_out_of_the_loss_mask():
     np.testing.assert_array_equal(batch.loss_mask[1], [0, 1, 1, 0, 0, 0, 0, 0])
     np.testing.assert_allclose(batch.sampler_logprobs[0, :5], [0, -0.3, 0, 0, -0.7])
     with pytest.raises(ValueError, match="forced_positions must index the 2 completion tokens"):
-        Completion([8, 2], [-0.2, -0.4], "stop", 0, 0, forced_positions=[2])
+        RolloutGroup(
+            "t", [5], [Completion([8, 2], [-0.2, -0.4], "stop", 0, 0, forced_positions=[2])]
+        )
 
 
 def test_dr_grpo_advantages_buckets_and_pad_id():
@@ -149,10 +199,14 @@ def test_unscored_and_empty_inputs_raise():
 
 
 def test_rollout_checks_and_rewards():
+    # the record does not check itself when built (the gateway must see and name bad input);
+    # the trainer's group checks each completion
     with pytest.raises(ValueError, match="must align"):
-        Completion([1, 2], [-0.1], "stop", 0, 0)
+        RolloutGroup("x", [1], [Completion([1, 2], [-0.1], "stop", 0, 0)])
     with pytest.raises(ValueError, match="version_start <= version_end"):
-        Completion([1], [-0.1], "stop", 2, 1)
+        RolloutGroup("x", [1], [Completion([1], [-0.1], "stop", 2, 1)])
+    with pytest.raises(ValueError, match="version spans must lie within versions"):
+        Completion([1], [-0.1], "stop", 0, 1, version_spans=((0, 0, 1), (2, 1, 1))).validate()
     with pytest.raises(ValueError, match="prompt_ids must not be empty"):
         RolloutGroup("x", [], [Completion([1], [-0.1], "stop", 0, 0)])
     group = RolloutGroup("7", [1, 2], [Completion([3], [-0.25], "stop", 1, 2)])

@@ -12,10 +12,11 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from gateway.messages import Completion
 from trainer.batch import build_rl_batch
 from trainer.distributed import ProcessGroup, initialize
 from trainer.global_batch import FIELDS, batch_fields, share_batch
-from trainer.rollouts import Completion, RolloutGroup
+from trainer.rollouts import RolloutGroup
 from trainer.sharding import host_value, make_mesh, mesh_devices, place, put
 
 

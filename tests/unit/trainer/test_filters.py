@@ -2,8 +2,9 @@
 
 import pytest
 
+from gateway.messages import Completion
 from trainer.filters import FilterResult, group_lag
-from trainer.rollouts import Completion, RolloutGroup
+from trainer.rollouts import RolloutGroup
 
 
 def _group(sample_id, starts, rewards):

@@ -4,12 +4,13 @@ update through the file data plane that lands as the new version, token for toke
 import asyncio
 import threading
 
+import numpy as np
 import pytest
 from flax import nnx
 
+from gateway import messages as m
 from mappings.apply import checkpoint_to_params
 from mappings.registry import get_family
-from rollout_engine.backend import SamplingConfig
 from rollout_engine.jax.backend import JaxBackend, JaxBackendConfig
 from rollout_engine.jax.batcher import BatcherConfig, ContinuousBatcher
 from rollout_engine.jax.sampling import SamplingConfig as JaxSampling
@@ -42,7 +43,11 @@ def test_groups_refusals_and_a_data_plane_update(tmp_path) -> None:
     path = make_tiny_checkpoint(tmp_path / "ckpt", "llama", vocab_size=128, with_tokenizer=False)
     cfg, model = load_hf_checkpoint(path)
     scaled = {k: v * 1.3 for k, v in export_tensors(model).items()}
-    greedy = SamplingConfig(n=2, max_tokens=12, temperature=0.0)
+    greedy = m.SamplingParams(max_new_tokens=12, temperature=0.0)
+
+    def prompt(sid, tokens, g=2, sampling=greedy):
+        return m.Prompt(sid, np.asarray(tokens, np.int32), g, sampling)
+
     bcfg = JaxBackendConfig(
         model=str(path), num_slots=4, max_model_len=64, prefill_batch=2, temperature=0.0
     )
@@ -52,15 +57,19 @@ def test_groups_refusals_and_a_data_plane_update(tmp_path) -> None:
         await backend.start()
         try:
             groups = await asyncio.gather(
-                *(backend.generate(f"q{i}", p, greedy) for i, p in enumerate(PROMPTS))
+                *(backend.generate(prompt(f"q{i}", p)) for i, p in enumerate(PROMPTS))
             )
             with pytest.raises(ValueError, match="started without a top-k / top-p filter"):
-                await backend.generate("bad", [1, 2], SamplingConfig(temperature=1.0, top_k=5))
-            hot = await backend.generate("hot", [1, 2], SamplingConfig(n=3, max_tokens=6))
-            assert len(hot.samples) == 3  # T=1 on the greedy-started engine: per request
+                await backend.generate(
+                    prompt("bad", [1, 2], 1, m.SamplingParams(temperature=1.0, top_k=5))
+                )
+            hot = await backend.generate(
+                prompt("hot", [1, 2], 3, m.SamplingParams(max_new_tokens=6))
+            )
+            assert len(hot) == 3  # T=1 on the greedy-started engine: per request
             with pytest.raises(ValueError, match="cannot ignore EOS"):
                 await backend.generate(
-                    "bad", [1, 2], SamplingConfig(temperature=0.0, ignore_eos=True)
+                    prompt("bad", [1, 2], 1, m.SamplingParams(temperature=0.0, ignore_eos=True))
                 )
             await backend.connect_transport({"kind": "file", "root": str(tmp_path / "plane")})
             manifest = Manifest.of(1, [(n, a.shape) for n, a in scaled.items()], "float32", 1 << 16)
@@ -73,24 +82,24 @@ def test_groups_refusals_and_a_data_plane_update(tmp_path) -> None:
             thread.start()
             stats = await backend.update_weights(manifest)
             thread.join()
-            after = await backend.generate("q0-new", PROMPTS[0], greedy)
+            after = await backend.generate(prompt("q0-new", PROMPTS[0]))
             return groups, stats, after, backend.weight_version
         finally:
             await backend.shutdown()
 
     groups, stats, after, version = asyncio.run(scenario())
-    assert [g.prompt_id for g in groups] == ["q0", "q1", "q2"]
-    for g, prompt in zip(groups, PROMPTS, strict=True):
-        expected = _greedy_reference(cfg, model, prompt, 12)
-        assert [list(s.token_ids) for s in g.samples] == [expected, expected]
-        for s in g.samples:
+    assert [len(g) for g in groups] == [2, 2, 2]
+    for g, p in zip(groups, PROMPTS, strict=True):
+        expected = _greedy_reference(cfg, model, p, 12)
+        assert [list(s.token_ids) for s in g] == [expected, expected]
+        for s in g:
             assert len(s.logprobs) == len(s.token_ids)
-            assert [(v.version, v.start, v.end) for v in s.versions] == [(0, 0, len(s.token_ids))]
+            assert list(s.version_spans) == [(0, 0, len(s.token_ids))]
     assert stats.version == 1 and version == 1
     # the update landed whole: greedy output equals a model built from the scaled tensors
     expected = _greedy_reference(cfg, _scaled_model(cfg, scaled), PROMPTS[0], 12)
-    assert [list(s.token_ids) for s in after.samples] == [expected, expected]
-    assert after.samples[0].versions[0].version == 1
+    assert [list(s.token_ids) for s in after] == [expected, expected]
+    assert after[0].version_spans[0][0] == 1
 
 
 def _scaled_model(cfg, tensors):

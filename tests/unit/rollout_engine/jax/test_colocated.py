@@ -202,7 +202,7 @@ def test_copy_casts_to_the_engine_dtype(setup) -> None:
 def test_backend_target_follows_the_version_and_never_aliases(setup, tiny_checkpoint) -> None:
     """Through ``JaxBackend.update_params`` (its ``weight_version`` follows), with the engine
     on device 0, inside the trainer's device set: the copy must still own its buffers."""
-    from rollout_engine.backend import SamplingConfig as SeamSampling
+    from gateway import messages as m
     from rollout_engine.jax.backend import JaxBackend, JaxBackendConfig
 
     cfg, _, flat, _, devices = setup
@@ -222,10 +222,10 @@ def test_backend_target_follows_the_version_and_never_aliases(setup, tiny_checkp
             for x in params.values():
                 x.delete()  # as a donating train step would
             assert all(leaf.devices() == {devices[0]} for leaf in jax.tree.leaves(served))
-            sampling = SeamSampling(n=1, max_tokens=BUDGET, temperature=0.0, top_k=-1)
-            group = await backend.generate("p", list(PROMPTS[0]), sampling)
-            (sample,) = group.samples
-            return list(sample.token_ids), sample.versions
+            sampling = m.SamplingParams(max_new_tokens=BUDGET, temperature=0.0, top_k=0)
+            prompt = m.Prompt("p", np.asarray(PROMPTS[0], np.int32), 1, sampling)
+            (sample,) = await backend.generate(prompt)
+            return list(sample.token_ids), sample.version_spans
         finally:
             await backend.shutdown()
 
@@ -234,4 +234,4 @@ def test_backend_target_follows_the_version_and_never_aliases(setup, tiny_checkp
     assert (
         tokens[:-1] == want[: len(tokens) - 1]
     )  # the last one ends the sample (an EOS or the token at the limit)
-    assert [(s.version, s.start, s.end) for s in spans] == [(3, 0, len(tokens))]
+    assert list(spans) == [(3, 0, len(tokens))]

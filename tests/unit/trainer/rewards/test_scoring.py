@@ -4,6 +4,7 @@ import threading
 
 import pytest
 
+from gateway.messages import Completion
 from trainer.rewards import (
     Problem,
     ScoringPool,
@@ -11,7 +12,7 @@ from trainer.rewards import (
     TokenFractionVerifier,
     reasoning_gym_problems,
 )
-from trainer.rollouts import Completion, RolloutGroup
+from trainer.rollouts import RolloutGroup
 
 
 def _group(texts, sample_id="g"):

@@ -25,8 +25,9 @@ def fake_batch(position: int, prompts: int = 4, group: int = 2):
     """The RLBatch of data position `position`: P=`prompts` groups of G=`group` completions with
     random prompt/completion tokens (lengths 2..5 and 1..6), sampler log-probs near the uniform
     -log(64) = -4.16, and 0/1 rewards (each group has both, so advantages are nonzero)."""
+    from gateway.messages import Completion
     from trainer.batch import build_rl_batch
-    from trainer.rollouts import Completion, RolloutGroup
+    from trainer.rollouts import RolloutGroup
 
     rng = np.random.default_rng(1000 + position)
     groups = []
