@@ -75,9 +75,9 @@ class WandbLogger:
         table = wandb.Table(columns=list(SAMPLE_COLUMNS))
         for group in list(groups)[: self.cfg.samples_per_table]:
             c = group.completions[0]
-            text = c.text if c.text is not None else self.decode(list(c.token_ids))
+            text = c.text if c.text is not None else self.decode([int(t) for t in c.token_ids])
             reward = float(c.reward) if c.reward is not None else float("nan")
-            table.add_data(step, self.decode(list(group.prompt_ids)), text, reward,
+            table.add_data(step, self.decode([int(t) for t in group.prompt_ids]), text, reward,
                            int(c.version_start))  # fmt: skip
         self.run.log({"samples": table}, step=step)
         self.tables_logged += 1
