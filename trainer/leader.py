@@ -5,8 +5,9 @@ scoring, filters, publisher, metrics, checkpoints' progress). Every call of that
 collective over the trainer processes goes through a wrapper here that first tells the
 followers what comes next, so they enter the same collective in the same order:
 
-- ``step``: `LeaderStep` shares process 0's `RLBatch` (`trainer.global_batch.share_batch`) and
-  every process takes the same jitted train step on the global ("dp", "fsdp") mesh;
+- ``step``: `LeaderStep`: every process calls `TrainStep`, which shares process 0's `RLBatch`
+  (`trainer.global_batch.share_batch`; the followers pass None), and all take the same jitted
+  train step on the global ("dp", "fsdp") mesh;
 - ``push``: `LeaderPublisher` gathers the params whole onto every process
   (`gather_params`, `multihost_utils.process_allgather`: a collective) and process 0 pushes
   them to the engines as a single-process trainer does. This gather of the whole model is the
@@ -36,7 +37,6 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from trainer.checkpointing import Checkpointer, Progress
-from trainer.global_batch import share_batch
 from trainer.models.params import flat_params
 from trainer.train_step import TrainState, TrainStep
 
@@ -120,7 +120,7 @@ class Leader:
 
 class LeaderStep:
     """A `TrainStep` whose call first has every process join: process 0's batch goes to all
-    (`share_batch`) and all take the step. Other attributes are the step's."""
+    (`TrainStep` calls `share_batch`) and all take the step. Other attributes are the step's."""
 
     def __init__(self, step: TrainStep, leader: Leader) -> None:
         self._step, self._leader = step, leader
@@ -128,7 +128,7 @@ class LeaderStep:
     def __call__(self, state: TrainState, batch: Any) -> tuple[TrainState, dict[str, float]]:
         """As `TrainStep.__call__`, on every process."""
         self._leader.post("step")
-        return self._step(state, share_batch(batch))
+        return self._step(state, batch)  # it shares process 0's batch (share_batch)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._step, name)
@@ -178,7 +178,7 @@ def follow(step: TrainStep, state: TrainState, checkpointer: Checkpointer) -> tu
         message = channel.receive()
         op = message["op"]
         if op == "step":
-            state, _ = step(state, share_batch(None))
+            state, _ = step(state, None)  # process 0's batch comes by share_batch
             steps += 1
         elif op == "push":
             gather_params(step.model(state))

@@ -107,11 +107,15 @@ def train_and_evaluate(
     Raises:
       RuntimeError: a child exited; TimeoutError: engines, rollouts or eval groups too late.
     """
+    reason = "training and evaluation finished"
     try:
         return _train_and_evaluate(job, client, procs, model_path, data, encode, decode, leader)
+    except BaseException as err:
+        reason = f"{type(err).__name__}: {err}"
+        raise
     finally:
         if leader is not None:
-            leader.stop()
+            leader.stop(reason[:1000])
 
 
 def _train_and_evaluate(
