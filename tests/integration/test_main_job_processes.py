@@ -134,3 +134,31 @@ def test_sigkill_of_trainer_process_1_stops_the_job(tmp_path):
     time.sleep(1.0)
     assert [p.pid for p in started if p.is_running() and p.status() != "zombie"] == []
     assert _of_run(run_dir) == []
+
+
+def test_save_on_two_processes_resume_on_one_and_on_two(tmp_path):
+    """Steps 1-2 on 2 trainer processes (checkpoint 2 written by both), step 3 resumed on 1
+    process, step 4 resumed on 2 again from that 1-process checkpoint: each run says where it
+    resumed, metrics.jsonl holds steps 1..4 exactly once with versions 1..4, and no problem
+    position was consumed twice."""
+    run_dir = tmp_path / "run"
+    env = _env(tmp_path)
+    for steps, procs, resumed in ((2, 2, None), (3, 1, 2), (4, 2, 3)):
+        done = subprocess.run(
+            _command(run_dir, f"trainer.steps={steps}", "launch.trainer_devices=2",
+                     f"launch.trainer_processes={procs}"),
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-4000:]
+        if resumed is not None:
+            assert f"resuming from step {resumed} (checkpoint " in done.stderr, done.stderr[-3000:]
+        summary = json.loads((run_dir / "job_summary.json").read_text())
+        assert (summary["loop"]["steps"], summary["loop"]["version"]) == (steps, steps)
+    metrics = _rows(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in metrics] == [1, 2, 3, 4]
+    assert [r["version"] for r in metrics] == [1, 2, 3, 4]
+    groups = _rows(run_dir / "groups.jsonl")
+    positions = [g["position"] for g in groups]
+    assert len(positions) == len(set(positions))  # no problem consumed twice
+    assert sum(g["outcome"] == "trained" for g in groups) == 4 * PROMPTS
+    assert _of_run(run_dir) == []
