@@ -126,6 +126,7 @@ def test_sigkill_of_trainer_process_1_stops_the_job(tmp_path):
             job.kill()
             job.wait(30)
     assert rc != 0 and took < 60, (rc, took)
+    print(f"job exited {rc} {took:.1f} s after the SIGKILL of trainer process 1")
     assert re.search(
         rf"trainer process 1 \(pid {victims[0].pid}\) was lost: killed by SIGKILL", err
     ), err[-4000:]
@@ -161,4 +162,42 @@ def test_save_on_two_processes_resume_on_one_and_on_two(tmp_path):
     positions = [g["position"] for g in groups]
     assert len(positions) == len(set(positions))  # no problem consumed twice
     assert sum(g["outcome"] == "trained" for g in groups) == 4 * PROMPTS
+    assert _of_run(run_dir) == []
+
+
+def test_ctrl_c_stops_two_trainer_processes_gracefully(tmp_path):
+    """SIGINT to the launcher after 2 steps: process 0 finishes the update under way, every
+    process saves the checkpoint of that step, the job exits 130, summary.json says
+    interrupted, both trainer processes exited 0 and nothing of the run is left."""
+    run_dir = tmp_path / "run"
+    job = subprocess.Popen(
+        _command(run_dir, "trainer.steps=1000", *TWO), cwd=REPO, env=_env(tmp_path),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 400
+        metrics = run_dir / "metrics.jsonl"
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            assert job.poll() is None, job.stderr.read()[-4000:] if job.stderr else ""
+            assert time.monotonic() < deadline, "no 2 training steps within 400 s"
+            time.sleep(0.5)
+        started = _descendants(job.pid)
+        job.send_signal(signal.SIGINT)
+        rc = job.wait(120)
+        err = job.stderr.read() if job.stderr else ""
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait(30)
+    assert rc == 130, err[-4000:]
+    loop = json.loads((run_dir / "summary.json").read_text())
+    assert loop["stop_reason"].startswith("interrupted"), loop["stop_reason"]
+    done = len(_rows(run_dir / "metrics.jsonl"))
+    assert loop["steps"] == done >= 2
+    saved = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved[-1] == done
+    summary = json.loads((run_dir / "job_summary.json").read_text())
+    assert summary["exit_codes"]["trainer0"] == 0 and summary["exit_codes"]["trainer1"] == 0
+    time.sleep(1.0)
+    assert [p.pid for p in started if p.is_running() and p.status() != "zombie"] == []
     assert _of_run(run_dir) == []
