@@ -48,6 +48,24 @@ def _of_run(run_dir: Path) -> list[int]:
     return out
 
 
+def _start_long_job(run_dir: Path, tmp_path: Path) -> subprocess.Popen:
+    """The smoke job on 2 trainer processes with 1000 steps (stopped by the test)."""
+    return subprocess.Popen(
+        _command(run_dir, "trainer.steps=1000", *TWO), cwd=REPO, env=_env(tmp_path),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def _wait_for_steps(job: subprocess.Popen, run_dir: Path, steps: int) -> None:
+    """Until metrics.jsonl has `steps` rows (at most 400 s; the job must stay alive)."""
+    deadline = time.monotonic() + 400
+    metrics = run_dir / "metrics.jsonl"
+    while not (metrics.exists() and metrics.read_text().count("\n") >= steps):
+        assert job.poll() is None, job.stderr.read()[-4000:] if job.stderr else ""
+        assert time.monotonic() < deadline, f"no {steps} training steps within 400 s"
+        time.sleep(0.5)
+
+
 @pytest.mark.parametrize("backend", ["jax", pytest.param("vllm", marks=pytest.mark.vllm)])
 def test_two_trainer_processes_complete_the_smoke_job(tmp_path, backend):
     """Every step's metrics row exactly once (steps and versions 1..4), the loop's counts add
@@ -98,17 +116,9 @@ def test_sigkill_of_trainer_process_1_stops_the_job(tmp_path):
     job_summary.json holds the error, and no process of the run (gateway, engine, trainer
     process 0, the launcher) is left."""
     run_dir = tmp_path / "run"
-    job = subprocess.Popen(
-        _command(run_dir, "trainer.steps=1000", *TWO), cwd=REPO, env=_env(tmp_path),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    job = _start_long_job(run_dir, tmp_path)
     try:
-        deadline = time.monotonic() + 400
-        metrics = run_dir / "metrics.jsonl"
-        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
-            assert job.poll() is None, job.stderr.read()[-4000:] if job.stderr else ""
-            assert time.monotonic() < deadline, "no 2 training steps within 400 s"
-            time.sleep(0.5)
+        _wait_for_steps(job, run_dir, 2)
         started = _descendants(job.pid)
         victims = [
             p for p in started if "trainer.launch.trainer_worker" in " ".join(p.cmdline())
@@ -170,17 +180,9 @@ def test_ctrl_c_stops_two_trainer_processes_gracefully(tmp_path):
     process saves the checkpoint of that step, the job exits 130, summary.json says
     interrupted, both trainer processes exited 0 and nothing of the run is left."""
     run_dir = tmp_path / "run"
-    job = subprocess.Popen(
-        _command(run_dir, "trainer.steps=1000", *TWO), cwd=REPO, env=_env(tmp_path),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    job = _start_long_job(run_dir, tmp_path)
     try:
-        deadline = time.monotonic() + 400
-        metrics = run_dir / "metrics.jsonl"
-        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
-            assert job.poll() is None, job.stderr.read()[-4000:] if job.stderr else ""
-            assert time.monotonic() < deadline, "no 2 training steps within 400 s"
-            time.sleep(0.5)
+        _wait_for_steps(job, run_dir, 2)
         started = _descendants(job.pid)
         job.send_signal(signal.SIGINT)
         rc = job.wait(120)
