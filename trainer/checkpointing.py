@@ -48,6 +48,33 @@ class Progress:
         """The data position as a `ConsumedPositions` (for a `PositionLedger`)."""
         return ConsumedPositions(self.data_position, self.consumed_beyond)
 
+    def to_meta(self) -> dict:
+        """The JSON form saved as ``DIR/<step>/progress`` (the RNG as its impl and key data)."""
+        return {
+            "step": self.step,
+            "data_position": self.data_position,
+            "weight_version": self.weight_version,
+            "consumed_beyond": list(self.consumed_beyond),
+            "attempt": self.attempt,
+            "rng_impl": str(jax.random.key_impl(self.rng)),
+            "rng_data": np.asarray(jax.random.key_data(self.rng)).tolist(),
+        }
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> Progress:
+        """The inverse of `to_meta` (missing consumed_beyond / attempt: () / 0)."""
+        rng = jax.random.wrap_key_data(
+            jax.numpy.asarray(meta["rng_data"], jax.numpy.uint32), impl=meta["rng_impl"]
+        )
+        return cls(
+            step=int(meta["step"]),
+            data_position=int(meta["data_position"]),
+            weight_version=int(meta["weight_version"]),
+            rng=rng,
+            consumed_beyond=tuple(int(p) for p in meta.get("consumed_beyond", ())),
+            attempt=int(meta.get("attempt", 0)),
+        )
+
 
 def _state_tree(state: TrainState) -> dict:
     return {"params": state.params, "opt_state": state.opt_state, "step": state.step}
@@ -82,15 +109,7 @@ class Checkpointer:
             raise ValueError(f"progress.step {progress.step} != state.step {int(state.step)}")
         if progress.step in self._manager.all_steps():
             raise ValueError(f"checkpoint {progress.step} already exists in {self.directory}")
-        meta = {
-            "step": progress.step,
-            "data_position": progress.data_position,
-            "weight_version": progress.weight_version,
-            "consumed_beyond": list(progress.consumed_beyond),
-            "attempt": progress.attempt,
-            "rng_impl": str(jax.random.key_impl(progress.rng)),
-            "rng_data": np.asarray(jax.random.key_data(progress.rng)).tolist(),
-        }
+        meta = progress.to_meta()
         self._manager.save(
             progress.step,
             args=ocp.args.Composite(
@@ -134,20 +153,9 @@ class Checkpointer:
                 progress=ocp.args.JsonRestore(),
             ),
         )
-        tree, meta = out["state"], out["progress"]
+        tree = out["state"]
         state = TrainState(tree["params"], tree["opt_state"], tree["step"])
-        rng = jax.random.wrap_key_data(
-            jax.numpy.asarray(meta["rng_data"], jax.numpy.uint32), impl=meta["rng_impl"]
-        )
-        progress = Progress(
-            step=int(meta["step"]),
-            data_position=int(meta["data_position"]),
-            weight_version=int(meta["weight_version"]),
-            rng=rng,
-            consumed_beyond=tuple(int(p) for p in meta.get("consumed_beyond", ())),
-            attempt=int(meta.get("attempt", 0)),
-        )
-        return state, progress
+        return state, Progress.from_meta(out["progress"])
 
     def close(self) -> None:
         """Finish pending writes and release the manager."""

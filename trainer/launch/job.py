@@ -8,7 +8,9 @@
    seconds;
 2. starts the gateway and the engines (`stack`), or joins ``launch.gateway`` when the serving
    side runs elsewhere; configures the run (family, engine dtype, gloo);
-3. loads the policy into JAX and builds the train step while the engines start;
+3. loads the policy into JAX and builds the train step while the engines start (with
+   ``launch.trainer_processes`` > 1: starts that many trainer processes instead, process 0
+   doing steps 3-4, `trainer.launch.trainer_processes`);
 4. evaluates the held-out split (version 0 or the resumed one), runs `AsyncTrainer` with a
    progress bar and TensorBoard, evaluates again at the final version (taking back every
    training group still in flight at the stop), plots reward and lag;
@@ -130,9 +132,16 @@ def _run_job(job: JobConfig) -> dict[str, Any]:
             client.configure(run_settings(job, family))
             if not launch.gateway:
                 start_engines(job, procs, address, token_file, model_path, max_len)
-            from trainer.launch.training import train_and_evaluate
+            if launch.trainer_processes > 1:  # P processes, out of this one
+                from trainer.launch.trainer_processes import run_trainer_processes
 
-            result = train_and_evaluate(job, client, procs, model_path, data, encode, decode, wandb)
+                result = run_trainer_processes(job, procs, client, address, token_file, model_path)
+            else:
+                from trainer.launch.training import train_and_evaluate
+
+                result = train_and_evaluate(
+                    job, client, procs, model_path, data, encode, decode, wandb=wandb
+                )
             if not launch.gateway or launch.stop_joined:
                 client.shutdown("the training job finished")
         except BaseException as e:

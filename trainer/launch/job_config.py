@@ -146,7 +146,12 @@ class LaunchSection(_Section):
     devices_per_engine: int = Field(default=1, ge=1)
     """Devices each engine gets (CPU: XLA host devices; GPU: CUDA_VISIBLE_DEVICES ids)."""
     trainer_devices: int = Field(default=1, ge=1)
-    """Devices of the trainer's mesh (GPU: the ids after the engines')."""
+    """Devices of the trainer's mesh (GPU: the ids after the engines'); with
+    trainer_processes > 1, the devices of each trainer process."""
+    trainer_processes: int = Field(default=1, ge=1)
+    """Trainer processes on this machine, joined under jax.distributed (one global mesh over
+    all their devices; `trainer.launch.trainer_processes`); 1: the trainer runs in the
+    launching process itself."""
     accelerator: Literal["auto", "cpu", "gpu"] = "auto"
     """auto: gpu when nvidia-smi is on PATH, else cpu."""
     engine_dtype: Literal["float32", "bfloat16"] | None = None
@@ -253,6 +258,12 @@ class JobConfig(_Section):
             raise ValueError(
                 f"launch.min_engines: expected <= num_engines={launch.num_engines}, "
                 f"got {launch.min_engines}"
+            )
+        if launch.trainer_processes > 1 and self.logging.wandb.mode != "disabled":
+            raise ValueError(
+                f"logging.wandb.mode={self.logging.wandb.mode!r} with launch.trainer_processes="
+                f"{launch.trainer_processes}: W&B logs from a single trainer process only (for "
+                "now); use TensorBoard and metrics.jsonl, or launch.trainer_processes=1"
             )
         return self
 

@@ -73,8 +73,12 @@ class ProcessSet:
         self._lock = threading.RLock()
         _LIVE.add(self)
 
-    def start(self, name: str, argv: Sequence[str], env: Mapping[str, str]) -> Child:
-        """Start `argv` with exactly the environment `env` in a new process group.
+    def start(
+        self, name: str, argv: Sequence[str], env: Mapping[str, str], inherit_output: bool = False
+    ) -> Child:
+        """Start `argv` with exactly the environment `env` in a new process group; its stdout
+        and stderr go to ``NAME.log``, or with `inherit_output` to this process's own (a
+        progress bar the user must see; the log file then stays empty).
 
         Raises:
           ValueError: a name already used; OSError: the program cannot be started.
@@ -82,19 +86,21 @@ class ProcessSet:
         with self._lock:
             if any(c.name == name for c in self.children):
                 raise ValueError(f"a child named {name!r} already exists")
-            child = self._spawn(name, tuple(argv), dict(env))
+            child = self._spawn(name, tuple(argv), dict(env), inherit_output)
             self.children.append(child)
             return child
 
-    def _spawn(self, name: str, argv: tuple[str, ...], env: dict[str, str]) -> Child:
+    def _spawn(
+        self, name: str, argv: tuple[str, ...], env: dict[str, str], inherit: bool = False
+    ) -> Child:
         path = self.log_dir / f"{name}.log"
         log_file = path.open("ab")
         proc = subprocess.Popen(
             list(argv),
             env=env,
             stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
+            stdout=None if inherit else log_file,
+            stderr=None if inherit else subprocess.STDOUT,
             start_new_session=True,
         )
         log.info("started %s (pid %d), log %s", name, proc.pid, path)

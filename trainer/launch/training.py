@@ -22,13 +22,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import jax
 import numpy as np
 
 from gateway import messages as m
 from gateway.client import GatewayClient
 from trainer.build import train_step_from_config
-from trainer.checkpointing import Checkpointer
+from trainer.checkpointing import Checkpointer, Progress
 from trainer.checkpoints.hf_io import load_hf_checkpoint
 from trainer.launch import interrupt
 from trainer.launch.commands import data_plane_config
@@ -41,6 +40,7 @@ from trainer.launch.report import Reporter, plot_metrics, read_metrics
 from trainer.launch.stack import wait_for_engines
 from trainer.launch.supervisor import EngineSupervisor, deregister_dead
 from trainer.launch.wandb_log import WandbLogger
+from trainer.leader import Leader, LeaderCheckpointer, LeaderPublisher, LeaderStep
 from trainer.loop import AsyncTrainer
 from trainer.positions import ConsumedPositions, PositionLedger
 from trainer.publish import WeightPublisher
@@ -48,7 +48,8 @@ from trainer.rewards import ProblemStream, ScoringPool
 from trainer.rewards.base import Problem
 from trainer.rollout_source import RolloutSource
 from trainer.run_files import next_attempt
-from trainer.sharding import make_mesh
+from trainer.sharding import make_mesh, mesh_devices
+from trainer.train_step import TrainStep
 
 
 def _sampling(job: JobConfig, temperature: float, new_tokens: int) -> m.SamplingParams:
@@ -58,35 +59,94 @@ def _sampling(job: JobConfig, temperature: float, new_tokens: int) -> m.Sampling
     )
 
 
-def train_and_evaluate(
-    job: JobConfig,
-    client: GatewayClient,
-    procs: ProcessSet,
-    model_path: Path,
-    data: JobData,
-    encode: Callable[[Problem], Sequence[int]],
-    decode: Callable[[Sequence[int]], str],
-    wandb: WandbLogger | None = None,
-) -> dict[str, Any]:
-    """Train and evaluate (see the module docstring); returns the job summary's fields.
-    `wandb`, given, gets every metrics row, held-out accuracy and the trained groups (its sample
-    tables) beside TensorBoard; the caller finishes it.
+@dataclasses.dataclass
+class TrainerParts:
+    """What every trainer process builds the same way, in the same order (each step of it may
+    be a collective across processes): the model, its compiled step on the global mesh, the
+    checkpointer and the initial (or restored) state, with the progress restored (None: a
+    fresh start)."""
 
-    Raises:
-      RuntimeError: a child exited; TimeoutError: engines, rollouts or eval groups too late.
-    """
+    model_cfg: Any
+    model: Any
+    step: TrainStep
+    checkpointer: Checkpointer
+    state: Any
+    progress: Progress | None
+
+
+def build_parts(job: JobConfig, model_path: Path) -> TrainerParts:
+    """The model on the ("dp", "fsdp") mesh over the first launch.trainer_devices devices of
+    every trainer process, its train step, the checkpointer of ``RUN_DIR/checkpoints`` and
+    the state (restored from the newest checkpoint when trainer.resume and there is one)."""
     cfg, launch, run_dir = job.run, job.launch, job.run_dir.absolute()
-    devices = jax.devices()[: launch.trainer_devices]
-    mesh = make_mesh(cfg.trainer.dp, cfg.trainer.fsdp, devices=devices)
+    mesh = make_mesh(cfg.trainer.dp, cfg.trainer.fsdp, devices=mesh_devices(launch.trainer_devices))
     model_cfg, model = load_hf_checkpoint(
         model_path, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype
     )
     step = train_step_from_config(cfg, model, mesh)
     checkpointer = Checkpointer(run_dir / "checkpoints", cfg.trainer.max_checkpoints)
-    state, version, rng = step.init_state(model), 0, None
-    consumed, attempt, resumed_from = ConsumedPositions(), 0, None
+    state, progress = step.init_state(model), None
     if cfg.trainer.resume and checkpointer.latest_step() is not None:
         state, progress = checkpointer.restore(step.abstract_state())
+    return TrainerParts(model_cfg, model, step, checkpointer, state, progress)
+
+
+def train_and_evaluate(
+    job: JobConfig,
+    client: GatewayClient,
+    procs: ProcessSet | None,
+    model_path: Path,
+    data: JobData,
+    encode: Callable[[Problem], Sequence[int]],
+    decode: Callable[[Sequence[int]], str],
+    leader: Leader | None = None,
+    wandb: WandbLogger | None = None,
+) -> dict[str, Any]:
+    """Train and evaluate (see the module docstring); returns the job summary's fields.
+
+    `procs`: the launcher's children when the engines are this process's own (they are
+    supervised and restarted here); None when another process owns them (a joined gateway,
+    or trainer process 0 of several, whose launcher supervises them). `leader`: on trainer
+    process 0 of several, the op channel to the others (`trainer.leader`): the step,
+    publisher and checkpointer then run on every process, and the followers are told to stop
+    first thing on every way out. `wandb`, given, gets every metrics row, held-out accuracy
+    and the trained groups (its sample tables) beside TensorBoard; the caller finishes it.
+
+    Raises:
+      RuntimeError: a child exited; TimeoutError: engines, rollouts or eval groups too late.
+    """
+    reason = "training and evaluation finished"
+    try:
+        return _train_and_evaluate(
+            job, client, procs, model_path, data, encode, decode, leader, wandb
+        )
+    except BaseException as err:
+        reason = f"{type(err).__name__}: {err}"
+        raise
+    finally:
+        if leader is not None:
+            leader.stop(reason[:1000])
+
+
+def _train_and_evaluate(
+    job: JobConfig,
+    client: GatewayClient,
+    procs: ProcessSet | None,
+    model_path: Path,
+    data: JobData,
+    encode: Callable[[Problem], Sequence[int]],
+    decode: Callable[[Sequence[int]], str],
+    leader: Leader | None,
+    wandb: WandbLogger | None,
+) -> dict[str, Any]:
+    cfg, launch, run_dir = job.run, job.launch, job.run_dir.absolute()
+    parts = build_parts(job, model_path)
+    model_cfg, step, checkpointer = parts.model_cfg, parts.step, parts.checkpointer
+    state = parts.state
+    version, rng = 0, None
+    consumed, attempt, resumed_from = ConsumedPositions(), 0, None
+    if parts.progress is not None:
+        progress = parts.progress
         version, rng = progress.weight_version, progress.rng
         consumed, attempt, resumed_from = progress.consumed, progress.attempt + 1, progress.step
         print(
@@ -99,6 +159,7 @@ def train_and_evaluate(
     engine_ids = wait_for_engines(
         client, launch.num_engines, launch.start_timeout_s, None if launch.gateway else procs
     )
+    own_engines = procs is not None and not launch.gateway
     transport = data_plane_config(job)
     publisher = WeightPublisher(
         client, transport, model_cfg.family, model_cfg, job.engine_dtype,
@@ -107,7 +168,7 @@ def train_and_evaluate(
     if launch.restart_engines:  # a restarted engine gets the current version between pushes
         publisher.start_catch_up()
     supervisor, engine_client = None, None
-    if not launch.gateway:  # the engines are ours: restart the ones that die
+    if own_engines and procs is not None:  # the engines are ours: restart the ones that die
         engine_client = GatewayClient.from_token_file(
             client.address, run_dir / "tokens.txt", "engine"
         )
@@ -169,9 +230,14 @@ def train_and_evaluate(
                 lambda tag, at, hand_over: run_eval(tag, at, on_training_group=hand_over),
                 source, log_eval,
             )  # fmt: skip
+            loop_step, loop_publisher, loop_checkpointer = step, publisher, checkpointer
+            if leader is not None:  # every trainer process takes these (trainer.leader)
+                loop_step = LeaderStep(step, leader)  # type: ignore[assignment]
+                loop_publisher = LeaderPublisher(publisher, leader)  # type: ignore[assignment]
+                loop_checkpointer = LeaderCheckpointer(checkpointer, leader)  # type: ignore[assignment]
             trainer = AsyncTrainer(
-                cfg, step, state, source, publisher, run_dir, version=version, rng=rng,
-                checkpointer=checkpointer, client=client, pad_id=pad_id,
+                cfg, loop_step, state, source, loop_publisher, run_dir, version=version, rng=rng,
+                checkpointer=loop_checkpointer, client=client, pad_id=pad_id,
                 on_metrics=reporter.on_metrics, on_groups=wandb.on_groups if wandb else None,
                 before_update=supervisor.check if supervisor else None,
                 stop_requested=interrupt.requested,

@@ -1,0 +1,129 @@
+"""One trainer process of a ``launch.trainer_processes=P`` job (started by
+`trainer.launch.trainer_processes`, never by hand).
+
+``python -m trainer.launch.trainer_worker --config RUN_DIR/config.yaml --run-dir RUN_DIR
+--process-id I --num-processes P --coordinator 127.0.0.1:PORT --gateway HOST:PORT
+--token-file FILE --model PATH --result FILE``
+
+Joins the group (`trainer.distributed`, `launch.trainer_devices` local devices on CPU), then:
+process 0 runs the single-process training path (`trainer.launch.training.train_and_evaluate`)
+with the gateway client and leads the others (`trainer.leader.Leader`), and writes its result
+to ``--result`` (JSON); every other process builds the same model, step, checkpointer and
+state (`build_parts`) and follows (`trainer.leader.follow`). All leave the group together at
+the end (`trainer.distributed.shutdown`).
+
+Exit status: 0 done (process 0: its result written, a graceful SIGINT/SIGTERM stop included;
+the launcher takes the job's exit code from the result); 1 the group did not form in time
+(`EXIT_INIT_TIMEOUT`) or an error (its traceback on stderr); 2 a bad config. JAX's
+coordination service ends a process whose peer died (`trainer.distributed`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m trainer.launch.trainer_worker")
+    ap.add_argument("--config", required=True, help="the job's RUN_DIR/config.yaml")
+    ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--process-id", type=int, required=True)
+    ap.add_argument("--num-processes", type=int, required=True)
+    ap.add_argument("--coordinator", required=True, help="HOST:PORT of process 0's service")
+    ap.add_argument("--gateway", required=True, help="HOST:PORT of the gateway")
+    ap.add_argument("--token-file", required=True)
+    ap.add_argument("--model", required=True, help="the resolved HF checkpoint folder")
+    ap.add_argument("--result", required=True, help="process 0 writes its result here")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one trainer process (see the module docstring); returns the exit status."""
+    args = _parser().parse_args(argv)
+    from trainer.config import ConfigError
+    from trainer.launch.job_config import load_job_config
+
+    try:
+        job = load_job_config(args.config, [f"run_dir={args.run_dir}"])
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level="WARNING", format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from trainer.distributed import ProcessGroup, initialize, shutdown
+    from trainer.launch.commands import resolve_accelerator
+
+    cpu = resolve_accelerator(job) == "cpu"
+    initialize(
+        ProcessGroup(
+            num_processes=args.num_processes,
+            process_id=args.process_id,
+            coordinator=args.coordinator,
+            local_devices=job.launch.trainer_devices if cpu else None,
+            platform="cpu" if cpu else "gpu",
+        )
+    )
+    model_path = Path(args.model)
+    if args.process_id == 0:
+        _lead(job, args, model_path)
+    else:
+        try:
+            _follow(job, args.process_id, model_path)
+        except BaseException:  # leave at once: waiting at JAX's shutdown barrier would hide it
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)
+    shutdown()
+    return 0
+
+
+def _follow(job, process_id: int, model_path: Path) -> None:  # noqa: ANN001
+    """A follower: the same parts as process 0, then its ops until "stop"."""
+    from trainer.launch.training import build_parts
+    from trainer.leader import follow
+
+    parts = build_parts(job, model_path)
+    steps, reason = follow(parts.step, parts.state, parts.checkpointer)
+    parts.checkpointer.close()
+    print(
+        f"trainer process {process_id}: {steps} steps; process 0 stopped: {reason}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _lead(job, args: argparse.Namespace, model_path: Path) -> None:  # noqa: ANN001
+    """Process 0: the single-process training path, leading the others; writes the result."""
+    from transformers import AutoTokenizer
+
+    from gateway.client import GatewayClient
+    from trainer.launch import interrupt
+    from trainer.launch.data import load_job_data, make_decoder, make_encoder
+    from trainer.launch.training import train_and_evaluate
+    from trainer.leader import Leader
+
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    interrupt.install()  # the launcher passes a SIGINT/SIGTERM on: a graceful stop
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    data = load_job_data(job)
+    encode = make_encoder(tokenizer, job.data.system_prompt)
+    client = GatewayClient.from_token_file(args.gateway, args.token_file, "trainer", margin_s=10.0)
+    try:
+        result = train_and_evaluate(
+            job, client, None, model_path, data, encode, make_decoder(tokenizer), leader=Leader()
+        )
+    finally:
+        client.close()
+    out = Path(args.result)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
