@@ -236,6 +236,31 @@ def build_rl_batch(
     )
 
 
+TOKEN_LAG_BINS = ("lag0", "lag1", "lag2plus")
+"""The per-token lag bins of `tokens_per_lag`: 0, 1 and >= 2 versions behind."""
+
+
+def tokens_per_lag(batch: RLBatch, version: int) -> dict[str, float]:
+    """Loss-counted tokens by their own lag: ``tokens_lag0``, ``tokens_lag1`` and
+    ``tokens_lag2plus`` (float counts), where a token's lag is `version` (the trainer's weight
+    version at the step) minus the version that sampled it (`RLBatch.token_versions`); a
+    request that spanned an update puts its tokens in more than one bin.
+
+    Raises:
+      ValueError: a counted token was sampled by a version newer than `version`.
+    """
+    versions = np.asarray(batch.token_versions)
+    counted = np.asarray(batch.loss_mask) > 0
+    lag = version - versions[counted]
+    if lag.size and lag.min() < 0:
+        raise ValueError(
+            f"a token was sampled at version {int(versions[counted].max())}, newer than the "
+            f"trainer's version {version}"
+        )
+    counts = (lag == 0).sum(), (lag == 1).sum(), (lag >= 2).sum()
+    return {f"tokens_{name}": float(n) for name, n in zip(TOKEN_LAG_BINS, counts, strict=True)}
+
+
 def batch_sharding(mesh: Mesh, ndim: int, axes: Sequence[str] = BATCH_AXES) -> NamedSharding:
     """Sharding of a [B, ...] array along B over the `axes` present in `mesh` (others ignored)."""
     present = tuple(a for a in axes if a in mesh.axis_names)

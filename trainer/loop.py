@@ -10,8 +10,10 @@ One update, as in the seed write-up "Async RL in Pure JAX" (section "Train Loop"
    the prompt) and, if asked, those with zero reward variance (each counted); stop at P kept;
 3. build the `RLBatch`, take one `TrainStep`, bump the version, `publisher.push(model, version)`;
 4. mark the update's groups consumed (their problem positions, `trainer.positions`), append a
-   line to ``RUN_DIR/metrics.jsonl``, one per consumed group to ``RUN_DIR/groups.jsonl``, and
-   save a checkpoint when due.
+   line to ``RUN_DIR/metrics.jsonl`` (with the loss-counted tokens by their own lag,
+   `trainer.batch.tokens_per_lag`), one per consumed group to ``RUN_DIR/groups.jsonl`` (with
+   each completion's version spans: the per-token weight versions), and save a checkpoint
+   when due.
 
 Stopping: `run` first drops the rows of both files written after the current step (by steps a
 stop lost, see `trainer.run_files`). When `stop_requested` answers a reason (a signal), the
@@ -39,7 +41,7 @@ from typing import Any, Protocol
 import jax
 
 from gateway.client import GatewayClient
-from trainer.batch import build_rl_batch
+from trainer.batch import build_rl_batch, tokens_per_lag
 from trainer.checkpointing import Checkpointer, Progress
 from trainer.config import Config
 from trainer.filters import FilterResult
@@ -96,6 +98,14 @@ class _Collected:
     log: list[dict[str, Any]]
     filtered: FilterResult = dataclasses.field(default_factory=FilterResult)
     wait_s: float = 0.0
+
+
+def _spans(c: Any) -> list[list[int]]:
+    """A completion's version spans for groups.jsonl: [[version, start, end], ...] over its
+    tokens; one span at ``version_start`` when the engine sent none (as
+    `Completion.token_versions` stamps it)."""
+    spans = c.version_spans or ((c.version_start, 0, len(c.token_ids)),)
+    return [[int(v), int(a), int(b)] for v, a, b in spans]
 
 
 class AsyncTrainer:
@@ -298,6 +308,7 @@ class AsyncTrainer:
                     "position": self.source.position_of(group.sample_id),
                     "version": self.version,
                     "version_start": group.version_start,
+                    "version_spans": [_spans(c) for c in group.completions],
                     "lag": lag,
                     "outcome": outcome,
                     "rewards": rewards,
@@ -316,9 +327,10 @@ class AsyncTrainer:
         with (self.run_dir / "groups.jsonl").open("a") as f:
             f.writelines(json.dumps(row) + "\n" for row in got.log)
         self._between_updates = False
+        trained_at = self.version  # the weight version the step's lags are counted from
         batch = build_rl_batch(
             got.filtered.kept, pad_id=self.pad_id, normalize_std=self.normalize_std,
-            version=self.version,
+            version=trained_at,
         )  # fmt: skip
         t0 = time.perf_counter()
         self.state, train_metrics = self.step(self.state, batch)
@@ -336,7 +348,7 @@ class AsyncTrainer:
         self.filtered_lag += got.filtered.dropped_lag
         self.filtered_zero_variance += got.filtered.dropped_zero_variance
         self.filtered_aborted += got.filtered.dropped_aborted
-        batch_metrics = batch.metrics()
+        batch_metrics = {**batch.metrics(), **tokens_per_lag(batch, trained_at)}
         completion_tokens = batch_metrics["completion_tokens"]
         metrics: dict[str, Any] = {
             "step": self._done,

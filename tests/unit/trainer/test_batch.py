@@ -9,7 +9,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from gateway.messages import Completion
-from trainer.batch import NO_VERSION, bucket_length, build_rl_batch, shard_batch
+from trainer.batch import NO_VERSION, bucket_length, build_rl_batch, shard_batch, tokens_per_lag
 from trainer.logprobs import fused_target_logprobs
 from trainer.losses import make_loss
 from trainer.rollouts import RolloutGroup
@@ -138,6 +138,14 @@ def test_per_token_versions_come_from_the_spans():
 
     back = cv.completion_from_pb(cv.completion_to_pb(twice))
     np.testing.assert_array_equal(back.token_versions(), [2, 3, 4])
+    # tokens by their own lag (a request across an update counts in two bins)
+    assert tokens_per_lag(batch, 5) == {"tokens_lag0": 0.0, "tokens_lag1": 7.0,
+                                        "tokens_lag2plus": 4.0}  # fmt: skip
+    at_4 = build_rl_batch(groups, version=4)
+    assert tokens_per_lag(at_4, 4) == {"tokens_lag0": 7.0, "tokens_lag1": 3.0,
+                                       "tokens_lag2plus": 1.0}  # fmt: skip
+    with pytest.raises(ValueError, match="sampled at version 4, newer than the trainer's vers"):
+        tokens_per_lag(build_rl_batch(groups, version=3), 3)
 
 
 def test_forced_tokens_are_kept_out_of_the_loss_mask():

@@ -100,6 +100,8 @@ def test_max_lag_zero_is_the_synchronous_loop(tmp_path, gateway_run, tiny_step, 
     # on_groups: each update's step and the groups it trained on
     assert trained == [(s, [f"{i}:p{i}" for i in (2 * s - 2, 2 * s - 1)]) for s in (1, 2, 3)]
     assert [g["version_start"] for g in groups] == [0, 0, 1, 1, 2, 2]
+    # per-token versions: these engines send no spans, so one span at version_start each
+    assert all(g["version_spans"] == [[[g["version_start"], 0, 4]]] * 2 for g in groups)
     assert all(g["lag"] == 0 and g["outcome"] == "trained" for g in groups)
     assert all(g["rewards"] == _expected_rewards(g["sample_id"]) for g in groups)
     status = client.status()
@@ -155,6 +157,10 @@ def test_lag_and_zero_variance_filters_with_slow_trainer(tmp_path, gateway_run, 
     for x in metrics:
         assert x["lag_min"] <= x["lag_mean"] <= x["lag_max"] <= 1
         assert x["completion_tokens"] == 16.0 == x["train/num_tokens"]  # 2 x 2 x 4 tokens
+        # tokens by their own lag: 8 per trained group (2 completions x 4), none past lag 1
+        trained_here = [g for g in by_outcome["trained"] if g["step"] == x["step"]]
+        assert x["tokens_lag1"] == 8.0 * sum(g["lag"] == 1 for g in trained_here)
+        assert x["tokens_lag0"] + x["tokens_lag1"] == 16.0 and x["tokens_lag2plus"] == 0.0
         assert x["reward_mean"] == pytest.approx(0.125)  # rewards 0 and 0.25 in every group
         assert 0 <= x["idle_fraction"] <= 1 and x["sync_time_s"] >= 0.3
         assert x["tokens_per_s"] > 0 and x["step_time_s"] > 0
