@@ -66,7 +66,7 @@ def _listening(pid: int) -> list[tuple[str, int]]:
 
 
 def _failing(seen: dict):
-    def train_and_evaluate(job, client, procs, *args):
+    def train_and_evaluate(job, client, procs, *args, **kwargs):
         if not job.launch.gateway:  # wait until the engine started here registered
             seen["engines"] = wait_for_engines(client, 1, waits.CEILING_S, procs)
             seen["children"] = list(procs.children)
@@ -139,7 +139,7 @@ def test_joined_gateway_and_engine_keep_running_unless_asked(
         assert [p.poll() for p in procs] == [None, None]
         assert [e.engine_id for e in client.status().engines] == [engine_id]
 
-        monkeypatch.setattr("trainer.launch.training.train_and_evaluate", lambda *a: {})
+        monkeypatch.setattr("trainer.launch.training.train_and_evaluate", lambda *a, **k: {})
         run_job(_job(tmp_path, model, *joined))
         assert [p.poll() for p in procs] == [None, None]
         assert [e.engine_id for e in client.status().engines] == [engine_id]
