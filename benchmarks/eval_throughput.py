@@ -33,9 +33,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from common import model_path
 
-from rollout_engine.backend import GroupResult, RolloutBackend, SamplingConfig
+from gateway import messages as m
+from rollout_engine.backend import RolloutBackend
 from trainer.eval.benchmarks import benchmark_file
 from trainer.launch.data import make_decoder, make_encoder
 from trainer.rewards.base import Problem
@@ -83,9 +85,12 @@ def run_engine(
     Raises:
       RuntimeError: the engine failed (its own error).
     """
-    sampling = SamplingConfig(n=1, max_tokens=args.max_new_tokens, temperature=0.0)
+    sampling = m.SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0)
 
-    async def go() -> tuple[list[GroupResult], float]:
+    def prompt(sample_id: str, ids: list[int], params: m.SamplingParams) -> m.Prompt:
+        return m.Prompt(sample_id, np.asarray(ids, np.int32), group_size=1, sampling=params)
+
+    async def go() -> tuple[list[tuple[m.Completion, ...]], float]:
         backend = make_backend(engine, path, max_len, args)
         t = time.perf_counter()
         await backend.start()
@@ -93,16 +98,16 @@ def run_engine(
         try:
             t = time.perf_counter()
             if args.warmup:  # every prompt's prefill shape, and the longest's decode buckets
-                short = SamplingConfig(n=1, max_tokens=2, temperature=0.0)
+                short = m.SamplingParams(max_new_tokens=2, temperature=0.0)
                 longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
                 await asyncio.gather(
-                    backend.generate("w-long", prompts[longest], sampling),
-                    *(backend.generate(f"w{i}", p, short) for i, p in enumerate(prompts)),
+                    backend.generate(prompt("w-long", prompts[longest], sampling)),
+                    *(backend.generate(prompt(f"w{i}", p, short)) for i, p in enumerate(prompts)),
                 )
                 print(f"{engine}: warm-up in {time.perf_counter() - t:.1f} s", flush=True)
             t = time.perf_counter()
             groups = await asyncio.gather(
-                *(backend.generate(f"p{i}", p, sampling) for i, p in enumerate(prompts))
+                *(backend.generate(prompt(f"p{i}", p, sampling)) for i, p in enumerate(prompts))
             )
             wall = time.perf_counter() - t
         finally:
@@ -110,7 +115,7 @@ def run_engine(
         return list(groups), wall
 
     groups, wall = asyncio.run(go())
-    return [g.samples[0].token_ids for g in groups], wall
+    return [tuple(int(t) for t in g[0].token_ids) for g in groups], wall
 
 
 def main() -> None:

@@ -163,9 +163,13 @@ def run_queue(n: int, length: int, engines: int) -> dict:
         for op, v in mine.items():
             lat[op].extend(v)
 
+    def _put_all(batch: list[m.Prompt]) -> None:
+        for p in batch:
+            q_in.put(p)
+
     def submit_loop() -> None:
         for i in range(0, n, SUBMIT_BATCH):
-            _timed(lat["submit"], lambda b: [q_in.put(p) for p in b], prompts[i : i + SUBMIT_BATCH])
+            _timed(lat["submit"], _put_all, prompts[i : i + SUBMIT_BATCH])
 
     threads = [threading.Thread(target=engine_loop) for _ in range(engines)]
     threads.append(threading.Thread(target=submit_loop))

@@ -36,6 +36,7 @@ from rollout_engine.worker import EngineWorker
 from trainer.models.config import ModelConfig
 from trainer.models.decoder import Decoder
 from trainer.publish import WeightPublisher
+from transport.base import WeightReceiver
 from transport.config import GlooTransportConfig, TransportConfig
 from transport.factory import make_receiver
 
@@ -61,7 +62,7 @@ class SinkBackend(RolloutBackend):
 
     def __init__(self) -> None:
         self._version: int | None = 0
-        self._receiver = None
+        self._receiver: WeightReceiver | None = None
         self.store: dict[str, torch.Tensor] = {}
 
     @property
@@ -71,12 +72,15 @@ class SinkBackend(RolloutBackend):
     async def start(self) -> None:
         return None
 
-    async def generate(self, prompt_id, prompt_token_ids, sampling):
+    async def generate(self, prompt):
         raise NotImplementedError("the sink only receives weights")
 
-    async def connect_transport(self, transport: dict, rank_offset: int, world_size: int) -> None:
+    async def connect_transport(
+        self, transport: dict, rank_offset: int = 1, world_size: int | None = None
+    ) -> None:
         cfg = TypeAdapter(TransportConfig).validate_python(transport)
-        self._receiver = make_receiver(cfg, rank=rank_offset, world_size=world_size)
+        world = world_size if world_size is not None else rank_offset + 1
+        self._receiver = make_receiver(cfg, rank=rank_offset, world_size=world)
         connect = getattr(self._receiver, "connect", None)  # collective kinds join a group
         if connect is not None:
             await asyncio.to_thread(connect)
@@ -90,6 +94,8 @@ class SinkBackend(RolloutBackend):
                     self.store[name] = torch.empty_like(tensor)
                 self.store[name].copy_(tensor)
 
+        if self._receiver is None:
+            raise RuntimeError("update_weights before connect_transport")
         await asyncio.to_thread(self._receiver.receive, manifest, load)
         self._version = manifest.version
         dt = time.perf_counter() - t0

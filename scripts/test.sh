@@ -8,5 +8,5 @@ bash scripts/setup.sh
 VENV=${VENV:-.venv}
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
-"$VENV/bin/mypy" trainer gateway rollout_engine mappings transport
+"$VENV/bin/mypy" trainer gateway rollout_engine mappings transport benchmarks
 "$VENV/bin/python" -m pytest "$@"

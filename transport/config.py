@@ -17,13 +17,13 @@ class GlooTransportConfig(BaseModel):
     host: str = "127.0.0.1"
     """Address of the sender's rendezvous store: the only address the sender listens on (the
     store and its gloo device); "0.0.0.0" listens on every interface."""
-    port: int = Field(0, ge=0, le=65535)
+    port: int = Field(default=0, ge=0, le=65535)
     """TCP port of the store; 0 lets the sender pick one (then sent to engines)."""
-    port_count: int = Field(1, ge=1, le=65535)
+    port_count: int = Field(default=1, ge=1, le=65535)
     """With `port` > 0: the store takes the first free port of port..port+port_count-1."""
-    timeout_s: float = Field(300.0, gt=0)
+    timeout_s: float = Field(default=300.0, gt=0)
     """Seconds allowed for the rendezvous and each collective."""
-    bucket_bytes: int = Field(256 * 2**20, gt=0)
+    bucket_bytes: int = Field(default=256 * 2**20, gt=0)
     """Bucket size in bytes: bounds the extra memory of each side."""
     tp_shards: bool = True
     """Send each engine TP rank only its own shard of every tensor-parallel tensor (when all
@@ -46,9 +46,9 @@ class FileTransportConfig(BaseModel):
     """The shared folder."""
     timeout_s: float = 300.0
     """Seconds a receiver waits for a version to be committed."""
-    keep: int = Field(2, ge=1)
+    keep: int = Field(default=2, ge=1)
     """Committed versions the sender keeps on disk."""
-    bucket_bytes: int = Field(256 * 2**20, gt=0)
+    bucket_bytes: int = Field(default=256 * 2**20, gt=0)
     """Bucket size in bytes (one file per bucket)."""
 
 
