@@ -3,10 +3,21 @@ the families of mappings/families/ as test parameters (`family_variant`, `family
 
 import importlib.util
 import os
+import tempfile
 
 # Must be set before JAX is imported anywhere in the test process.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One persistent XLA compilation cache (JAX's own, keyed by program, JAX version and flags) for
+# this process and every process it starts (trainers, JAX engines): the tests compile the same
+# tiny models' programs many times over. JAXRL_TEST_XLA_CACHE="" turns it off.
+_XLA_CACHE = os.environ.get(
+    "JAXRL_TEST_XLA_CACHE", os.path.join(tempfile.gettempdir(), "jaxrl-tests-xla")
+)
+if _XLA_CACHE:
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _XLA_CACHE)
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))  # bytes, LRU
 # Real data sets (GSM8K) for the tests that read them: this project's CI keeps them in a
 # `shared/data` folder beside the checkout; elsewhere set JAXRL_DATA_DIR (those tests skip
 # when the files are absent).

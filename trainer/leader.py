@@ -117,6 +117,15 @@ class Leader:
             self.post("stop", reason=reason)
             self.stopped = True
 
+    def __enter__(self) -> Leader:
+        return self
+
+    def __exit__(self, kind: Any, err: BaseException | None, tb: Any) -> None:
+        """On every way out of the ``with`` block the followers are told to stop, with the
+        reason: "training and evaluation finished", or the error's type and message."""
+        done = "training and evaluation finished"
+        self.stop(done if err is None else f"{type(err).__name__}: {err}"[:1000])
+
 
 class LeaderStep:
     """A `TrainStep` whose call first has every process join: process 0's batch goes to all

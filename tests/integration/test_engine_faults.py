@@ -32,18 +32,9 @@ import pytest
 
 from gateway.client import GatewayClient
 from gateway.events import read_events
+from tests.integration.smoke_job import REPO, child_env, jsonl_rows
 
-REPO = Path(__file__).resolve().parents[2]
 STEPS = 20
-
-
-def _rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def _env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    return env | {"JAXRL_CACHE_DIR": str(tmp_path / "cache"), "JAX_PLATFORMS": "cpu"}
 
 
 class Killer(threading.Thread):
@@ -123,7 +114,7 @@ def test_two_jax_one_vllm_engine_survive_two_kills(tmp_path):
         "launch.engine_dtype=float32", "launch.restart_backoff_s=0.5", "eval.size=0",
     ]  # fmt: skip
     job = subprocess.Popen(
-        command, cwd=REPO, env=_env(tmp_path), stdout=subprocess.DEVNULL,
+        command, cwd=REPO, env=child_env(tmp_path), stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     killer = Killer(run_dir, job)
@@ -140,10 +131,10 @@ def test_two_jax_one_vllm_engine_survive_two_kills(tmp_path):
 
     summary = json.loads((run_dir / "job_summary.json").read_text())
     loop = summary["loop"]
-    metrics = _rows(run_dir / "metrics.jsonl")
+    metrics = jsonl_rows(run_dir / "metrics.jsonl")
     assert [r["step"] for r in metrics] == list(range(1, STEPS + 1))
     assert (loop["steps"], loop["version"]) == (STEPS, STEPS)
-    groups = _rows(run_dir / "groups.jsonl")
+    groups = jsonl_rows(run_dir / "groups.jsonl")
     trained = [g["sample_id"] for g in groups if g["outcome"] == "trained"]
     assert len(trained) == len(set(trained)) == loop["trained_groups"]
     filtered = loop["filtered_lag"] + loop["filtered_zero_variance"] + loop["filtered_aborted"]
@@ -199,7 +190,7 @@ def test_a_run_whose_only_engine_dies_heals(tmp_path):
         "launch.restart_backoff_s=0.5", "eval.size=0",
     ]  # fmt: skip
     job = subprocess.Popen(
-        command, cwd=REPO, env=_env(tmp_path), stdout=subprocess.DEVNULL,
+        command, cwd=REPO, env=child_env(tmp_path), stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     killed: dict = {}

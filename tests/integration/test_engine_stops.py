@@ -25,6 +25,7 @@ import pytest
 
 from gateway import messages as m
 from gateway.client import GatewayClient
+from tests.integration.smoke_job import child_env
 from trainer.launch.evaluate import evaluate
 from trainer.rewards import ScoringPool, TokenFractionVerifier
 from trainer.rewards.base import Problem
@@ -61,7 +62,7 @@ def _gateway(tmp_path: Path) -> tuple[subprocess.Popen, str, Path]:
 
 
 def _engine(address: str, tokens: Path, model: Path, log: Path, *extra: str) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
+    env = child_env()
     with log.open("ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "rollout_engine", "--backend", "jax", "--gateway", address,

@@ -6,23 +6,16 @@ goes through flags (the faults before any start: tests/unit/trainer/eval/test_ev
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.integration.smoke_job import REPO, child_env
 from trainer.eval.rows import summary_from_rows
 
-REPO = Path(__file__).resolve().parents[2]
 PROBLEMS, SAMPLES, NEW_TOKENS = 5, 3, 16
-
-
-def _env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    return env | {"JAXRL_CACHE_DIR": str(tmp_path / "cache"), "JAX_PLATFORMS": "cpu",
-                  "PYTHONPATH": str(REPO)}  # fmt: skip
 
 
 def _qa_file(tmp_path: Path, rows: int = PROBLEMS + 2) -> Path:
@@ -36,7 +29,8 @@ def _eval(tmp_path: Path, *args: str, timeout: int = 400) -> subprocess.Complete
     return subprocess.run(
         [sys.executable, "-m", "trainer", "eval", "--model", "tiny:smollm2", *args,
          "launch.progress=false", "launch.jax_num_slots=8", "launch.stop_timeout_s=60"],
-        cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=timeout,
+        cwd=REPO, env=child_env(tmp_path, PYTHONPATH=str(REPO)),
+        capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 
 

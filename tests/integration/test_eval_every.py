@@ -15,7 +15,6 @@ evaluation at the last version.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -23,18 +22,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.integration.smoke_job import REPO, child_env, jsonl_rows
+
 STEPS, PROMPTS, EVAL = 4, 4, 4  # configs/smoke.yaml (trainer.steps, prompts_per_step, eval.size)
-
-
-def _env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    return env | {"JAXRL_CACHE_DIR": str(tmp_path / "cache"), "JAX_PLATFORMS": "cpu",
-                  "PYTHONPATH": str(REPO)}  # fmt: skip
-
-
-def _rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def _train(tmp_path: Path, run_dir: Path, *overrides: str) -> dict:
@@ -42,7 +32,8 @@ def _train(tmp_path: Path, run_dir: Path, *overrides: str) -> dict:
         [sys.executable, "-m", "trainer", "train", "--config", "configs/smoke.yaml",
          f"run_dir={run_dir}", "launch.progress=false", "eval.every=2", "eval.temperature=0",
          *overrides],
-        cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=500,
+        cwd=REPO, env=child_env(tmp_path, PYTHONPATH=str(REPO)),
+        capture_output=True, text=True, timeout=500,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads((run_dir / "job_summary.json").read_text())
@@ -55,7 +46,7 @@ def _check_no_group_lost(run_dir: Path, summary: dict) -> None:
     assert loop["submitted"] == loop["trained_groups"] + filtered + loop["in_flight"]
     back = summary["in_flight_waiting_in_trainer"] + summary["in_flight_drained_after_stop"]
     assert back == loop["in_flight"]
-    groups = _rows(run_dir / "groups.jsonl")
+    groups = jsonl_rows(run_dir / "groups.jsonl")
     ids = [g["sample_id"] for g in groups]
     assert len(ids) == len(set(ids)) == loop["submitted"] - loop["in_flight"]
     assert Counter(g["outcome"] for g in groups)["trained"] == loop["trained_groups"]
@@ -68,7 +59,7 @@ def test_eval_every_two_steps_logs_rows_and_scalars(tmp_path):
     run_dir = tmp_path / "run"
     summary = _train(tmp_path, run_dir)
     assert summary["stop_reason"] == "completed"
-    rows = _rows(run_dir / "metrics.jsonl")
+    rows = jsonl_rows(run_dir / "metrics.jsonl")
     train = [r for r in rows if "eval/tag" not in r]
     evals = [r for r in rows if "eval/tag" in r]
     assert [(r["step"], r["version"]) for r in train] == [(s, s) for s in range(1, STEPS + 1)]
@@ -81,7 +72,7 @@ def test_eval_every_two_steps_logs_rows_and_scalars(tmp_path):
         assert r["eval/accuracy"] == r["eval/pass@1"] and "eval/maj@1" in r
     # each row's accuracy is the mean of the rewards written per problem at that evaluation
     for r in evals:
-        per_problem = _rows(run_dir / f"eval_{r['eval/tag']}.jsonl")
+        per_problem = jsonl_rows(run_dir / f"eval_{r['eval/tag']}.jsonl")
         rewards = [x for p in per_problem for x in p["rewards"]]
         assert len(rewards) == EVAL and r["eval/accuracy"] == pytest.approx(sum(rewards) / EVAL)
     assert summary["eval_every"]["evaluations"] == [
@@ -114,14 +105,15 @@ def test_in_loop_eval_at_the_last_version_equals_eval_of_the_export(tmp_path):
     fp32 = ["launch.engine_dtype=float32"]
     summary = _train(tmp_path, run_dir, "rollout.backend=vllm", *data, *fp32)
     assert summary["backend"] == "vllm" and summary["stop_reason"] == "completed"
-    last = [r for r in _rows(run_dir / "metrics.jsonl") if "eval/tag" in r][-1]
+    last = [r for r in jsonl_rows(run_dir / "metrics.jsonl") if "eval/tag" in r][-1]
     assert (last["step"], last["version"], last["eval/problems"]) == (STEPS, STEPS, EVAL)
-    in_loop = _rows(run_dir / "eval_after.jsonl")  # the evaluation at the last version
+    in_loop = jsonl_rows(run_dir / "eval_after.jsonl")  # the evaluation at the last version
 
     export = tmp_path / "export"
     done = subprocess.run(
         [sys.executable, "-m", "trainer", "export", str(run_dir), str(export)],
-        cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=300,
+        cwd=REPO, env=child_env(tmp_path, PYTHONPATH=str(REPO)),
+        capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     out = tmp_path / "eval"
@@ -129,10 +121,11 @@ def test_in_loop_eval_at_the_last_version_equals_eval_of_the_export(tmp_path):
         [sys.executable, "-m", "trainer", "eval", "--model", str(export), "--data", str(held),
          "--engine", "vllm", "--samples", "1", "--temperature", "0", "--max-new-tokens", "16",
          "--out", str(out), "launch.progress=false", "launch.stop_timeout_s=60", *fp32],
-        cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=400,
+        cwd=REPO, env=child_env(tmp_path, PYTHONPATH=str(REPO)),
+        capture_output=True, text=True, timeout=400,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    standalone = _rows(out / "completions.jsonl")
+    standalone = jsonl_rows(out / "completions.jsonl")
     assert [r["problem_id"] for r in standalone] == [r["problem_id"] for r in in_loop]
     correct_in_loop = sum(x >= 0.5 for r in in_loop for x in r["rewards"])
     correct_standalone = sum(x >= 0.5 for r in standalone for x in r["scores"])

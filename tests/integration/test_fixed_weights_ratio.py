@@ -17,14 +17,12 @@ top-k / top-p removed from its row. Measured (8 steps): JAX engine, token ratios
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.integration.smoke_job import REPO, child_env, smoke_command
+
 RATIO_TOL = 1e-4  # fp32 engine vs fp32 trainer; a forced token at the limit costs ~6e-2
 TOKEN_TOL = 1e-3  # every single token's ratio
 SAMPLINGS = {
@@ -40,15 +38,13 @@ SAMPLINGS = {
 def test_ratio_is_one_at_fixed_weights(tmp_path, backend, sampling):
     steps, overrides = SAMPLINGS[sampling]
     run_dir = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env |= {"JAXRL_CACHE_DIR": str(tmp_path / "cache"), "JAX_PLATFORMS": "cpu"}
-    command = [
-        sys.executable, "-m", "trainer", "train", "--config", "configs/smoke.yaml",
-        f"run_dir={run_dir}", "launch.progress=false", f"rollout.backend={backend}",
-        "optim.learning_rate=0", f"trainer.steps={steps}", "launch.engine_dtype=float32",
-        "eval.size=0", *overrides,
-    ]  # fmt: skip
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    command = smoke_command(
+        run_dir, f"rollout.backend={backend}", "optim.learning_rate=0", f"trainer.steps={steps}",
+        "launch.engine_dtype=float32", "eval.size=0", *overrides,
+    )  # fmt: skip
+    done = subprocess.run(
+        command, cwd=REPO, env=child_env(tmp_path), capture_output=True, text=True, timeout=1800
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, steps + 1))

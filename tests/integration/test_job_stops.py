@@ -26,6 +26,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from gateway.client import GatewayClient
+from tests.integration.smoke_job import child_env
 from trainer.launch.job import run_job
 from trainer.launch.job_config import load_job_config
 from trainer.launch.stack import wait_for_engines
@@ -110,7 +111,7 @@ def _serving_side(tmp_path: Path, model: Path) -> tuple[list[subprocess.Popen], 
         lambda: port_file.exists() and port_file.read_text().strip(), [gateway], "the port file"
     )
     address = f"127.0.0.1:{port_file.read_text().strip()}"
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
+    env = child_env()
     engine = subprocess.Popen(
         [sys.executable, "-m", "rollout_engine", "--backend", "jax", "--gateway", address,
          "--token-file", str(tokens), "--model", str(model), "--dtype", "float32",

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ from gateway import messages as m
 from gateway.client import GatewayClient
 from gateway.config import GatewayConfig, RunSettings
 from gateway.server import GatewayServer
+from tests.integration.smoke_job import child_env
 from trainer.build import train_step_from_config
 from trainer.checkpoints.hf_io import load_hf_checkpoint
 from trainer.config import load_config
@@ -115,7 +115,7 @@ def test_reward_rises_above_half(tmp_path, tiny_checkpoint, backend, max_lag, co
     ).start()
     client = GatewayClient(server.address, TOKENS["trainer"], margin_s=5.0)
     client.configure(m.RunSettings(model_family="llama", dtype="float32", transport="gloo"))
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
+    env = child_env()
     engine = subprocess.Popen(
         [
             sys.executable, "-m", "rollout_engine", "--backend", backend,

@@ -13,7 +13,6 @@ trainer, or taken back by the final evaluation).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -23,24 +22,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.integration.smoke_job import REPO, child_env, jsonl_rows, smoke_command
+
 STEPS, PROMPTS, GROUP, EVAL = 4, 4, 4, 4  # configs/smoke.yaml
-
-
-def _command(run_dir: Path, *overrides: str) -> list[str]:
-    return [
-        sys.executable, "-m", "trainer", "train", "--config", "configs/smoke.yaml",
-        f"run_dir={run_dir}", "launch.progress=false", *overrides,
-    ]  # fmt: skip
-
-
-def _env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    return env | {"JAXRL_CACHE_DIR": str(tmp_path / "cache"), "JAX_PLATFORMS": "cpu"}
-
-
-def _rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 @pytest.mark.slow
@@ -51,14 +35,14 @@ def test_smoke_job_end_to_end(tmp_path, backend):
     # sends every TP rank only its own shard
     tp = ["launch.devices_per_engine=2", "launch.trainer_devices=2", "trainer.fsdp=2"]
     done = subprocess.run(
-        _command(run_dir, f"rollout.backend={backend}", *(tp if backend == "vllm" else [])),
-        cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=300,
+        smoke_command(run_dir, f"rollout.backend={backend}", *(tp if backend == "vllm" else [])),
+        cwd=REPO, env=child_env(tmp_path), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((run_dir / "job_summary.json").read_text())
     loop = summary["loop"]
 
-    metrics = _rows(run_dir / "metrics.jsonl")
+    metrics = jsonl_rows(run_dir / "metrics.jsonl")
     assert [r["step"] for r in metrics] == list(range(1, STEPS + 1))
     assert [r["version"] for r in metrics] == list(range(1, STEPS + 1))
     assert all(r["sync_gb_per_s"] > 0 and r["lag_max"] <= 1 for r in metrics)
@@ -75,7 +59,7 @@ def test_smoke_job_end_to_end(tmp_path, backend):
     assert loop["submitted"] == loop["trained_groups"] + filtered + loop["in_flight"]
     back = summary["in_flight_waiting_in_trainer"] + summary["in_flight_drained_after_stop"]
     assert back == loop["in_flight"]
-    outcomes = Counter(g["outcome"] for g in _rows(run_dir / "groups.jsonl"))
+    outcomes = Counter(g["outcome"] for g in jsonl_rows(run_dir / "groups.jsonl"))
     assert outcomes["trained"] == loop["trained_groups"]
     assert sum(outcomes.values()) == loop["submitted"] - loop["in_flight"]
     assert metrics[-1]["submitted"] == loop["submitted"]
@@ -83,7 +67,7 @@ def test_smoke_job_end_to_end(tmp_path, backend):
     for tag, version in (("before", 0), ("after", STEPS)):
         result = summary[f"eval_{tag}"]
         assert (result["version"], result["problems"], result["samples"]) == (version, EVAL, 1)
-        rows = _rows(run_dir / f"eval_{tag}.jsonl")
+        rows = jsonl_rows(run_dir / f"eval_{tag}.jsonl")
         assert len(rows) == EVAL and all(len(r["rewards"]) == 1 for r in rows)  # one sample each
         # the reported accuracy is the mean of the rewards written per problem
         rewards = [x for r in rows for x in r["rewards"]]
@@ -128,7 +112,7 @@ def _alive_in(sessions: set[int]) -> list[int]:
 def test_ctrl_c_stops_every_process(tmp_path):
     run_dir = tmp_path / "run"
     job = subprocess.Popen(
-        _command(run_dir, "trainer.steps=1000"), cwd=REPO, env=_env(tmp_path),
+        smoke_command(run_dir, "trainer.steps=1000"), cwd=REPO, env=child_env(tmp_path),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -157,7 +141,7 @@ def test_trainer_joins_a_gateway_started_elsewhere(tmp_path):
     from trainer.checkpoints.tiny import make_tiny_checkpoint
     from trainer.launch.processes import ProcessSet
 
-    env = _env(tmp_path)
+    env = child_env(tmp_path)
     model = make_tiny_checkpoint(tmp_path / "model", "smollm2", seed=0)
     tokens = tmp_path / "tokens.txt"
     port_file = tmp_path / "port"
@@ -179,7 +163,7 @@ def test_trainer_joins_a_gateway_started_elsewhere(tmp_path):
         ], env)  # fmt: skip
         run_dir = tmp_path / "run"
         done = subprocess.run(
-            _command(run_dir, f"launch.gateway={gw}", f"launch.token_file={tokens}",
+            smoke_command(run_dir, f"launch.gateway={gw}", f"launch.token_file={tokens}",
                      "trainer.steps=2", "eval.size=0", "launch.stop_joined=true"),
             cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
         )  # fmt: skip
@@ -203,11 +187,11 @@ def test_rerun_resumes_from_the_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     for steps in (2, 4):
         done = subprocess.run(
-            _command(run_dir, f"trainer.steps={steps}", "eval.size=0"),
-            cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=240,
+            smoke_command(run_dir, f"trainer.steps={steps}", "eval.size=0"),
+            cwd=REPO, env=child_env(tmp_path), capture_output=True, text=True, timeout=240,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
-    metrics = _rows(run_dir / "metrics.jsonl")
+    metrics = jsonl_rows(run_dir / "metrics.jsonl")
     assert [(r["step"], r["version"]) for r in metrics] == [(1, 1), (2, 2), (3, 3), (4, 4)]
     summary = json.loads((run_dir / "job_summary.json").read_text())
     assert (summary["loop"]["steps"], summary["loop"]["version"]) == (4, 4)

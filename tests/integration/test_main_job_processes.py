@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.integration.test_main_job import REPO, _command, _env, _rows
+from tests.integration.smoke_job import REPO, child_env, jsonl_rows, smoke_command
 
 pytestmark = pytest.mark.slow
 STEPS, PROMPTS = 4, 4  # configs/smoke.yaml
@@ -51,7 +51,7 @@ def _of_run(run_dir: Path) -> list[int]:
 def _start_long_job(run_dir: Path, tmp_path: Path) -> subprocess.Popen:
     """The smoke job on 2 trainer processes with 1000 steps (stopped by the test)."""
     return subprocess.Popen(
-        _command(run_dir, "trainer.steps=1000", *TWO), cwd=REPO, env=_env(tmp_path),
+        smoke_command(run_dir, "trainer.steps=1000", *TWO), cwd=REPO, env=child_env(tmp_path),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
@@ -75,13 +75,13 @@ def test_two_trainer_processes_complete_the_smoke_job(tmp_path, backend):
     run_dir = tmp_path / "run"
     extra = ["launch.devices_per_engine=2"] if backend == "vllm" else []
     done = subprocess.run(
-        _command(run_dir, f"rollout.backend={backend}", *TWO, *extra),
-        cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=600,
+        smoke_command(run_dir, f"rollout.backend={backend}", *TWO, *extra),
+        cwd=REPO, env=child_env(tmp_path), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     summary = json.loads((run_dir / "job_summary.json").read_text())
     loop = summary["loop"]
-    metrics = _rows(run_dir / "metrics.jsonl")
+    metrics = jsonl_rows(run_dir / "metrics.jsonl")
     assert [r["step"] for r in metrics] == list(range(1, STEPS + 1))
     assert [r["version"] for r in metrics] == list(range(1, STEPS + 1))
     assert all(r["sync_gb_per_s"] > 0 for r in metrics)
@@ -93,7 +93,7 @@ def test_two_trainer_processes_complete_the_smoke_job(tmp_path, backend):
     assert loop["submitted"] == loop["trained_groups"] + filtered + loop["in_flight"]
     back = summary["in_flight_waiting_in_trainer"] + summary["in_flight_drained_after_stop"]
     assert back == loop["in_flight"]
-    outcomes = Counter(g["outcome"] for g in _rows(run_dir / "groups.jsonl"))
+    outcomes = Counter(g["outcome"] for g in jsonl_rows(run_dir / "groups.jsonl"))
     assert outcomes["trained"] == loop["trained_groups"]
     assert sum(outcomes.values()) == loop["submitted"] - loop["in_flight"]
     # checkpoint_every 2: steps 2 and 4, written by both processes (orbax) with process 0's
@@ -153,10 +153,10 @@ def test_save_on_two_processes_resume_on_one_and_on_two(tmp_path):
     resumed, metrics.jsonl holds steps 1..4 exactly once with versions 1..4, and no problem
     position was consumed twice."""
     run_dir = tmp_path / "run"
-    env = _env(tmp_path)
+    env = child_env(tmp_path)
     for steps, procs, resumed in ((2, 2, None), (3, 1, 2), (4, 2, 3)):
         done = subprocess.run(
-            _command(run_dir, f"trainer.steps={steps}", "launch.trainer_devices=2",
+            smoke_command(run_dir, f"trainer.steps={steps}", "launch.trainer_devices=2",
                      f"launch.trainer_processes={procs}"),
             cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
         )  # fmt: skip
@@ -165,10 +165,10 @@ def test_save_on_two_processes_resume_on_one_and_on_two(tmp_path):
             assert f"resuming from step {resumed} (checkpoint " in done.stderr, done.stderr[-3000:]
         summary = json.loads((run_dir / "job_summary.json").read_text())
         assert (summary["loop"]["steps"], summary["loop"]["version"]) == (steps, steps)
-    metrics = _rows(run_dir / "metrics.jsonl")
+    metrics = jsonl_rows(run_dir / "metrics.jsonl")
     assert [r["step"] for r in metrics] == [1, 2, 3, 4]
     assert [r["version"] for r in metrics] == [1, 2, 3, 4]
-    groups = _rows(run_dir / "groups.jsonl")
+    groups = jsonl_rows(run_dir / "groups.jsonl")
     positions = [g["position"] for g in groups]
     assert len(positions) == len(set(positions))  # no problem consumed twice
     assert sum(g["outcome"] == "trained" for g in groups) == 4 * PROMPTS
@@ -194,7 +194,7 @@ def test_ctrl_c_stops_two_trainer_processes_gracefully(tmp_path):
     assert rc == 130, err[-4000:]
     loop = json.loads((run_dir / "summary.json").read_text())
     assert loop["stop_reason"].startswith("interrupted"), loop["stop_reason"]
-    done = len(_rows(run_dir / "metrics.jsonl"))
+    done = len(jsonl_rows(run_dir / "metrics.jsonl"))
     assert loop["steps"] == done >= 2
     saved = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
     assert saved[-1] == done

@@ -19,6 +19,8 @@ import numpy as np
 import psutil
 import pytest
 
+from tests.integration.smoke_job import child_env
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,8 +38,7 @@ class Worker:
 
     def __init__(self, tmp: Path, tag: str, args: list[str]):
         self.out, self.err = tmp / f"{tag}.out", tmp / f"{tag}.err"
-        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-        env.update(PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+        env = child_env(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
         with self.out.open("w") as out, self.err.open("w") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, str(WORKER), *args], stdout=out, stderr=err, env=env, cwd=ROOT

@@ -8,34 +8,21 @@ skipped, the counts add up per run, and lag stays within max_lag."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.integration.smoke_job import REPO, child_env, jsonl_rows, smoke_command
+
 STEPS, MAX_LAG = 8, 1  # configs/smoke.yaml has max_lag 1
 
 
 def _command(run_dir: Path, *overrides: str) -> list[str]:
-    return [
-        sys.executable, "-m", "trainer", "train", "--config", "configs/smoke.yaml",
-        f"run_dir={run_dir}", f"trainer.steps={STEPS}", *overrides,
-    ]  # fmt: skip
-
-
-def _env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    return env | {"JAXRL_CACHE_DIR": str(tmp_path / "cache"), "JAX_PLATFORMS": "cpu"}
-
-
-def _rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return smoke_command(run_dir, f"trainer.steps={STEPS}", *overrides)
 
 
 def _consumed(loop: dict) -> int:
@@ -51,7 +38,7 @@ def test_sigint_at_a_random_step_then_resume_trains_every_problem_once(tmp_path)
     metrics = run_dir / "metrics.jsonl"
     with (tmp_path / "first.err").open("w") as err:
         job = subprocess.Popen(
-            _command(run_dir, "launch.progress=false"), cwd=REPO, env=_env(tmp_path),
+            _command(run_dir, "launch.progress=false"), cwd=REPO, env=child_env(tmp_path),
             stdout=subprocess.DEVNULL, stderr=err, text=True,
         )  # fmt: skip
         try:
@@ -75,12 +62,12 @@ def test_sigint_at_a_random_step_then_resume_trains_every_problem_once(tmp_path)
     # the step under way when the signal came was finished (or, still collecting, abandoned)
     assert stop_after <= stopped_at < STEPS
     assert (run_dir / "checkpoints" / str(stopped_at)).is_dir()
-    assert [r["step"] for r in _rows(metrics)] == list(range(1, stopped_at + 1))
+    assert [r["step"] for r in jsonl_rows(metrics)] == list(range(1, stopped_at + 1))
     consumed1 = _consumed(loop1)
     assert loop1["data_frontier"] + len(loop1["consumed_beyond"]) == consumed1
 
     second = subprocess.run(
-        _command(run_dir, "launch.progress=true"), cwd=REPO, env=_env(tmp_path),
+        _command(run_dir, "launch.progress=true"), cwd=REPO, env=child_env(tmp_path),
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert second.returncode == 0, second.stderr[-3000:]
@@ -93,11 +80,11 @@ def test_sigint_at_a_random_step_then_resume_trains_every_problem_once(tmp_path)
     assert (loop2["steps"], loop2["version"]) == (STEPS, STEPS)
     consumed2 = _consumed(loop2)
 
-    rows = _rows(metrics)
+    rows = jsonl_rows(metrics)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))  # each step once
     assert [r["version"] for r in rows] == list(range(1, STEPS + 1))
     assert all(r["lag_max"] <= MAX_LAG for r in rows)
-    groups = _rows(run_dir / "groups.jsonl")
+    groups = jsonl_rows(run_dir / "groups.jsonl")
     positions = [g["position"] for g in groups]
     assert len(positions) == len(set(positions)) == consumed1 + consumed2  # none twice
     final = set(range(loop2["data_frontier"])) | set(loop2["consumed_beyond"])

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.integration.smoke_job import child_env
 from tests.wandb_records import history, run_config, run_folder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,13 +27,11 @@ pytest.importorskip("wandb")
 
 def _env(tmp_path: Path) -> dict[str, str]:
     """The job's environment: W&B's folders inside tmp_path, no API key, offline by config."""
-    drop = ("XLA_FLAGS", "WANDB_API_KEY", "WANDB_MODE", "WANDB_ENTITY", "WANDB_PROJECT")
-    env = {k: v for k, v in os.environ.items() if k not in drop}
+    drop = ("WANDB_API_KEY", "WANDB_MODE", "WANDB_ENTITY", "WANDB_PROJECT")
     wb = {f"WANDB_{k}_DIR": str(tmp_path / f"wb_{k.lower()}") for k in ("CONFIG", "CACHE", "DATA")}
-    return env | wb | {
-        "JAXRL_CACHE_DIR": str(tmp_path / "cache"), "JAX_PLATFORMS": "cpu",
-        "WANDB_DIR": str(tmp_path / "wb"), "NETRC": str(tmp_path / "netrc"),
-    }  # fmt: skip
+    return child_env(
+        tmp_path, drop, **wb, WANDB_DIR=str(tmp_path / "wb"), NETRC=str(tmp_path / "netrc")
+    )
 
 
 def _train(tmp_path: Path, *overrides: str, timeout: int) -> subprocess.CompletedProcess:

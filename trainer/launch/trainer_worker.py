@@ -114,9 +114,10 @@ def _lead(job, args: argparse.Namespace, model_path: Path) -> None:  # noqa: ANN
     encode = make_encoder(tokenizer, job.data.system_prompt)
     client = GatewayClient.from_token_file(args.gateway, args.token_file, "trainer", margin_s=10.0)
     try:
-        result = train_and_evaluate(
-            job, client, None, model_path, data, encode, make_decoder(tokenizer), leader=Leader()
-        )
+        with Leader() as leader:  # the followers stop on every way out, told why
+            result = train_and_evaluate(
+                job, client, None, model_path, data, encode, make_decoder(tokenizer), leader
+            )
     finally:
         client.close()
     out = Path(args.result)

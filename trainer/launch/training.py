@@ -108,37 +108,14 @@ def train_and_evaluate(
     supervised and restarted here); None when another process owns them (a joined gateway,
     or trainer process 0 of several, whose launcher supervises them). `leader`: on trainer
     process 0 of several, the op channel to the others (`trainer.leader`): the step,
-    publisher and checkpointer then run on every process, and the followers are told to stop
-    first thing on every way out. `wandb`, given, gets every metrics row, held-out accuracy
-    and the trained groups (its sample tables) beside TensorBoard; the caller finishes it.
+    publisher and checkpointer then run on every process (the caller holds it in a ``with``,
+    which tells the followers to stop on every way out). `wandb`, given, gets every metrics
+    row, held-out accuracy and the trained groups (its sample tables) beside TensorBoard; the
+    caller finishes it.
 
     Raises:
       RuntimeError: a child exited; TimeoutError: engines, rollouts or eval groups too late.
     """
-    reason = "training and evaluation finished"
-    try:
-        return _train_and_evaluate(
-            job, client, procs, model_path, data, encode, decode, leader, wandb
-        )
-    except BaseException as err:
-        reason = f"{type(err).__name__}: {err}"
-        raise
-    finally:
-        if leader is not None:
-            leader.stop(reason[:1000])
-
-
-def _train_and_evaluate(
-    job: JobConfig,
-    client: GatewayClient,
-    procs: ProcessSet | None,
-    model_path: Path,
-    data: JobData,
-    encode: Callable[[Problem], Sequence[int]],
-    decode: Callable[[Sequence[int]], str],
-    leader: Leader | None,
-    wandb: WandbLogger | None,
-) -> dict[str, Any]:
     cfg, launch, run_dir = job.run, job.launch, job.run_dir.absolute()
     parts = build_parts(job, model_path)
     model_cfg, step, checkpointer = parts.model_cfg, parts.step, parts.checkpointer
