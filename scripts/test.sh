@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets everything up (scripts/setup.sh), then runs the checks CI runs:
-# ruff (lint and format), mypy over the packages, and pytest (all markers; gpu tests
+# ruff (lint and format), mypy over the packages and benchmarks/, and pytest (all markers; gpu tests
 # skip themselves where no CUDA device is visible). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
