@@ -87,17 +87,17 @@ def build_model(name: str, dtype: str) -> Decoder:
     return load_hf_checkpoint(ensure_smollm2(), dtype=dtype)[1]
 
 
-def dense_batch(rows: int, length: int, vocab: int, group: int = 4) -> RLBatch:
+def dense_batch(rows: int, length: int, vocab: int, group: int = 4, seed: int = 0) -> RLBatch:
     """B = `rows` rows of exactly `length` tokens (prompt length/4, completion the rest),
     random ids in [1, vocab), sampler log-probs near -log(vocab), rewards alternating 0/1 inside
-    each group of `group` (so every advantage is nonzero).
+    each group of `group` (so every advantage is nonzero); `seed` picks the tokens.
 
     Raises:
         ValueError: rows not a multiple of `group`, or length < 8.
     """
     if rows % group or length < 8:
         raise ValueError(f"need rows % {group} == 0 and length >= 8; got {rows}, {length}")
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     prompt_len = length // 4
     groups = []
     for g in range(rows // group):

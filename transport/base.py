@@ -53,12 +53,15 @@ class SendStats:
             with a sharded manifest each TP rank receives only its part of them).
         num_buckets: number of buckets.
         seconds: wall time of the whole send, manifest to commit.
+        wire_bytes: bytes the transport moved or stored for it, when they differ from
+            `num_bytes` (a compressed delta, `transport.file_delta`); None: `num_bytes`.
     """
 
     version: int
     num_bytes: int
     num_buckets: int
     seconds: float
+    wire_bytes: int | None = None
 
     @property
     def gb_per_s(self) -> float:

@@ -50,6 +50,13 @@ class FileTransportConfig(BaseModel):
     """Committed versions the sender keeps on disk."""
     bucket_bytes: int = Field(default=256 * 2**20, gt=0)
     """Bucket size in bytes (one file per bucket)."""
+    delta: bool = False
+    """Write each version as a zstd-compressed XOR delta against the one before it (with a
+    keyframe every `full_every` versions; `transport.file_delta`), for far engines."""
+    full_every: int = Field(default=10, ge=1)
+    """With `delta`: a whole (keyframe) version every this many versions."""
+    zstd_level: int = Field(default=3, ge=1, le=22)
+    """With `delta`: the zstd compression level."""
 
 
 TransportConfig = Annotated[

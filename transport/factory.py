@@ -24,6 +24,10 @@ def make_sender(cfg: TransportConfig, num_receivers: int = 1) -> WeightSender:
         from transport.gloo import GlooSender
 
         return GlooSender(cfg.host, cfg.port, num_receivers, cfg.timeout_s, cfg.port_count)
+    if isinstance(cfg, FileTransportConfig) and cfg.delta:
+        from transport.file_delta import DeltaFileSender
+
+        return DeltaFileSender(cfg.root, cfg.keep, cfg.full_every, cfg.zstd_level)
     if isinstance(cfg, FileTransportConfig):
         from transport.file import FileSender
 
@@ -41,6 +45,10 @@ def make_receiver(cfg: TransportConfig, rank: int = 1, world_size: int = 2) -> W
         from transport.gloo import GlooReceiver
 
         return GlooReceiver(cfg.host, cfg.port, rank, world_size, cfg.timeout_s)
+    if isinstance(cfg, FileTransportConfig) and cfg.delta:
+        from transport.file_delta import DeltaFileReceiver
+
+        return DeltaFileReceiver(cfg.root, cfg.timeout_s)
     if isinstance(cfg, FileTransportConfig):
         from transport.file import FileReceiver
 

@@ -36,6 +36,31 @@ def version_dir(root: str | os.PathLike, version: int) -> Path:
     return Path(root) / f"v{version:010d}"
 
 
+def commit_folder(tmp: Path, final: Path) -> None:
+    """Commit a version written into the hidden folder `tmp`: rename it to `final` (one
+    rename, so a receiver sees all of the version or none; a folder already there, from an
+    earlier try at the same version, is replaced)."""
+    shutil.rmtree(final, ignore_errors=True)
+    os.rename(tmp, final)
+
+
+def wait_committed(root: str | os.PathLike, version: int, timeout_s: float, poll_s: float) -> Path:
+    """The folder of `version` once committed (its fingerprint file is there).
+
+    Raises:
+        TransferError: not committed within `timeout_s` seconds.
+    """
+    d = version_dir(root, version)
+    deadline = time.monotonic() + timeout_s
+    while not (d / FINGERPRINT).exists():
+        if time.monotonic() > deadline:
+            raise TransferError(
+                f"version {version} not committed under {root} within {timeout_s} s"
+            )
+        time.sleep(poll_s)
+    return d
+
+
 class FileSender(WeightSender):
     """Writes each version under `root` (created if absent) and commits it by a rename.
 
@@ -84,8 +109,7 @@ class FileSender(WeightSender):
             if extra is not None:
                 raise ManifestError(f"more tensors than the manifest lists: {extra[0]!r}")
             (tmp / FINGERPRINT).write_bytes(manifest.fingerprint())
-            shutil.rmtree(final, ignore_errors=True)
-            os.rename(tmp, final)
+            commit_folder(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         committed = sorted(p for p in self.root.iterdir() if p.name.startswith("v"))
@@ -114,15 +138,7 @@ class FileReceiver(WeightReceiver):
         """See `WeightReceiver.receive`."""
         from safetensors.torch import load_file
 
-        d = version_dir(self.root, manifest.version)
-        deadline = time.monotonic() + self.timeout_s
-        while not (d / FINGERPRINT).exists():
-            if time.monotonic() > deadline:
-                raise TransferError(
-                    f"version {manifest.version} not committed under {self.root} "
-                    f"within {self.timeout_s} s"
-                )
-            time.sleep(self.poll_s)
+        d = wait_committed(self.root, manifest.version, self.timeout_s, self.poll_s)
         try:
             manifest.check_offered((d / FINGERPRINT).read_bytes())
         except ManifestError as e:
