@@ -220,6 +220,36 @@ def test_file_transport_update(world, tmp_path):
         assert greedy(world, prompt)[0] == H.hf_greedy(world["hf"]["B"], prompt, 12)
 
 
+def test_file_deltas_update_the_engine_exactly(world, tmp_path):
+    """The file data plane with delta=true (`transport.file_delta`): a keyframe of A, then B
+    and A again as XOR deltas; after each, vLLM's greedy tokens are transformers' own."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from transport.file import version_dir
+    from transport.file_delta import CHAIN, DeltaFileSender
+
+    backend = world["backend"]
+    cfg = {"kind": "file", "root": str(tmp_path), "timeout_s": 30, "delta": True}
+    run(world, backend.connect_transport(cfg))
+    sender = DeltaFileSender(tmp_path, keep=3)
+    first = backend.weight_version + 1
+    for version, name in enumerate(("A", "B", "A"), start=first):
+        state = load_file(str(world[name] / "model.safetensors"))
+        man = Manifest.of(
+            version, [(n, tuple(t.shape)) for n, t in state.items()], "float32", 1 << 16
+        )
+        sent = sender.send(man, state.items())
+        stats = run(world, backend.update_weights(man))
+        assert stats.version == version == backend.weight_version
+        for prompt in PROMPTS:
+            assert greedy(world, prompt)[0] == H.hf_greedy(world["hf"][name], prompt, 12)
+        chain = json.loads((version_dir(tmp_path, version) / CHAIN).read_text())
+        assert chain["base"] == (None if version == first else version - 1)
+        assert sent.wire_bytes == sum(chain["stored_bytes"])
+
+
 def test_sender_dying_mid_update_stops_serving_until_a_whole_version(world):
     backend = world["backend"]
     world["sender"].close()
