@@ -196,3 +196,32 @@ def test_rerun_resumes_from_the_checkpoint(tmp_path):
     summary = json.loads((run_dir / "job_summary.json").read_text())
     assert (summary["loop"]["steps"], summary["loop"]["version"]) == (4, 4)
     assert list(summary["engine_versions"].values()) == [4]
+
+
+@pytest.mark.slow
+def test_smoke_job_over_the_file_data_plane_with_deltas(tmp_path):
+    """launch.data_plane=file with file_delta: versions 1 and 3 are keyframes, 2 and 4 deltas
+    (file_full_every=2), and the engine holds the trainer's weights exactly at each version:
+    at max_lag 0 every step from 2 on trains on tokens the fp32 JAX engine sampled with
+    weights that came through the deltas, and their sampler_kl stays below 1e-6 while the
+    weights move every step (the tiny model's rewards are mostly 0, so weight decay moves
+    them: 5% a step at lr 1e-3; a stale or wrong rebuild shows as a gap of that size)."""
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        smoke_command(run_dir, "rollout.backend=jax", "eval.size=0", "rollout.max_lag=0",
+                      "optim.weight_decay=50", "launch.data_plane=file", "launch.file_delta=true",
+                      "launch.file_full_every=2"),
+        cwd=REPO, env=child_env(tmp_path), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = jsonl_rows(run_dir / "metrics.jsonl")
+    assert [(r["step"], r["version"]) for r in metrics] == [(s, s) for s in range(1, STEPS + 1)]
+    lag0 = [r["train/gap/lag0/sampler_kl"] for r in metrics]  # every token is lag 0
+    assert all(0 <= x < 1e-6 for x in lag0), lag0
+    kept = {int(p.name[1:]): p for p in (run_dir / "weights").iterdir() if p.name[:1] == "v"}
+    assert sorted(kept) == [3, 4]  # keep 2: the newest two, and v4's keyframe is v3
+    chains = {v: json.loads((p / "chain.json").read_text()) for v, p in kept.items()}
+    assert [(chains[v]["base"], chains[v]["keyframe"]) for v in (3, 4)] == [(None, 3), (3, 3)]
+    assert chains[3]["sha256"] != chains[4]["sha256"]  # the step moved the weights
+    summary = json.loads((run_dir / "job_summary.json").read_text())
+    assert list(summary["engine_versions"].values()) == [STEPS]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gateway import messages as m
 from trainer.launch.job_config import JobConfig
-from transport.config import GlooTransportConfig, NcclTransportConfig
+from transport.config import FileTransportConfig, GlooTransportConfig, NcclTransportConfig
 
 
 def resolve_accelerator(job: JobConfig) -> str:
@@ -30,8 +30,8 @@ def resolve_accelerator(job: JobConfig) -> str:
 
 
 def resolve_data_plane(job: JobConfig) -> str:
-    """The weight transport, "gloo" or "nccl" (launch.data_plane; auto: nccl when every engine
-    is vLLM on GPUs, gloo otherwise: the JAX engine and every CPU run use gloo). The one
+    """The weight transport, "gloo", "nccl" or "file" (launch.data_plane; auto: nccl when every
+    engine is vLLM on GPUs, gloo otherwise: the JAX engine and every CPU run use gloo). The one
     answer for every side of the run: the gateway's `--transport`, the settings the trainer
     configures (`run_settings`), each engine's `--transports` and the trainer's sender.
 
@@ -63,15 +63,25 @@ def run_settings(job: JobConfig, family: str) -> m.RunSettings:
     )  # fmt: skip
 
 
-def data_plane_config(job: JobConfig) -> GlooTransportConfig | NcclTransportConfig:
+def data_plane_config(
+    job: JobConfig,
+) -> GlooTransportConfig | NcclTransportConfig | FileTransportConfig:
     """The trainer's data-plane settings: launch.data_plane_host, _port, _port_count,
     _timeout_s and tp_shards; NCCL (its buffers on the trainer's first GPU) when
-    `resolve_data_plane` says so, else gloo.
+    `resolve_data_plane` says so, else gloo; with launch.data_plane=file the folder
+    (launch.data_plane_root, default RUN_DIR/weights), the receivers' wait (_timeout_s) and
+    launch.file_delta / file_full_every.
 
     Raises:
         ValueError: as `resolve_data_plane`.
     """
     launch = job.launch
+    if resolve_data_plane(job) == "file":
+        root = launch.data_plane_root or str(job.run_dir.absolute() / "weights")
+        return FileTransportConfig(
+            root=root, timeout_s=launch.data_plane_timeout_s, delta=launch.file_delta,
+            full_every=launch.file_full_every,
+        )  # fmt: skip
     where = {
         "host": launch.data_plane_host,
         "port": launch.data_plane_port,

@@ -178,9 +178,18 @@ class LaunchSection(_Section):
     data_plane_port..data_plane_port+data_plane_port_count-1."""
     data_plane_timeout_s: float = Field(default=300.0, gt=0)
     """Seconds allowed for the data plane's rendezvous and for each of its collectives."""
-    data_plane: Literal["auto", "gloo", "nccl"] = "auto"
+    data_plane: Literal["auto", "gloo", "nccl", "file"] = "auto"
     """Weight transport: auto is nccl when the accelerator is gpu and the engines are vLLM
-    (buckets move GPU to GPU, each TP rank receiving only its shard), else gloo (TCP)."""
+    (buckets move GPU to GPU, each TP rank receiving only its shard), else gloo (TCP). file:
+    each version as files in data_plane_root, a folder every engine sees at the same path (a
+    shared filesystem: engines far from the trainer)."""
+    data_plane_root: str = ""
+    """With data_plane=file: the shared folder of the versions; empty: RUN_DIR/weights."""
+    file_delta: bool = False
+    """With data_plane=file: write each version as a zstd-compressed delta against the one
+    before it, a whole version every file_full_every (`transport.file_delta`)."""
+    file_full_every: int = Field(default=10, ge=1)
+    """With file_delta: a whole (keyframe) version every this many versions."""
     tp_shards: bool = True
     """Engines at TP > 1 receive only their own shard of each split tensor; False sends every
     tensor whole to every TP rank (vLLM's loaders then take the shard)."""
@@ -286,6 +295,10 @@ class JobConfig(_Section):
             raise ValueError(
                 f"launch.data_plane_port={launch.data_plane_port} with data_plane_port_count="
                 f"{launch.data_plane_port_count} runs past port 65535"
+            )
+        if launch.file_delta and launch.data_plane != "file":
+            raise ValueError(
+                f"launch.file_delta=true needs launch.data_plane=file; got {launch.data_plane}"
             )
         return self
 

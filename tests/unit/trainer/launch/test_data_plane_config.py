@@ -47,3 +47,19 @@ def test_sender_listens_on_the_configured_host_and_port():
 def test_a_port_range_past_65535_is_refused():
     with pytest.raises(ConfigError, match="runs past port 65535"):
         load_job_config(None, ["launch.data_plane_port=65535", "launch.data_plane_port_count=2"])
+
+
+def test_the_file_data_plane_takes_its_folder_and_delta_settings(tmp_path):
+    job = load_job_config(
+        None,
+        [f"run_dir={tmp_path / 'run'}", "launch.data_plane=file", "launch.file_delta=true",
+         "launch.file_full_every=4", "launch.data_plane_timeout_s=30"],
+    )  # fmt: skip
+    cfg = data_plane_config(job)
+    assert (cfg.kind, cfg.root, cfg.delta, cfg.full_every, cfg.timeout_s) == (
+        "file", str((tmp_path / "run" / "weights").absolute()), True, 4, 30.0,
+    )  # fmt: skip
+    shared = load_job_config(None, ["launch.data_plane=file", "launch.data_plane_root=/mnt/w"])
+    assert (data_plane_config(shared).root, data_plane_config(shared).delta) == ("/mnt/w", False)
+    with pytest.raises(ConfigError, match="file_delta=true needs launch.data_plane=file"):
+        load_job_config(None, ["launch.file_delta=true"])
