@@ -125,23 +125,41 @@ def cpu_bind(index: int, count: int, cores: int, offset: int = 0) -> str:
     return f"{offset + first}-{offset + last}"
 
 
+def xla_cache_env(job: JobConfig, base: Mapping[str, str]) -> dict[str, str]:
+    """JAX's persistent compilation cache for a process of the run:
+    ``JAX_COMPILATION_CACHE_DIR`` = launch.xla_cache_dir (empty: ``$JAXRL_CACHE_DIR/xla``),
+    unless `base` names one already or launch.xla_cache is false (then nothing). JAX keeps
+    there every program that took at least 1 s to compile (its default threshold), keyed by
+    the program, JAX version, flags and devices, so a restarted JAX engine (issue "Runs that
+    survive") and a rerun load their prefill, decode and train programs instead of compiling
+    them again."""
+    launch = job.launch
+    if not launch.xla_cache or base.get("JAX_COMPILATION_CACHE_DIR"):
+        return {}
+    from trainer.checkpoints.smollm2 import cache_dir
+
+    return {"JAX_COMPILATION_CACHE_DIR": launch.xla_cache_dir or str(cache_dir() / "xla")}
+
+
 def trainer_env(job: JobConfig, base: Mapping[str, str]) -> dict[str, str]:
-    """Variables the trainer process must set before importing JAX (its own devices)."""
+    """Variables the trainer process must set before importing JAX: its own devices, and
+    the compilation cache (`xla_cache_env`)."""
+    cache = xla_cache_env(job, base)
     if resolve_accelerator(job) == "gpu":
         first = job.launch.num_engines * job.launch.devices_per_engine
         ids = range(first, first + job.launch.trainer_devices)
-        return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, ids))}
+        return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, ids))} | cache
     return {
         "JAX_PLATFORMS": "cpu",
         "XLA_FLAGS": _xla_flags(base.get("XLA_FLAGS"), job.launch.trainer_devices),
-    }
+    } | cache
 
 
 def engine_env(job: JobConfig, index: int, base: Mapping[str, str]) -> dict[str, str]:
-    """The whole environment of engine `index`: `base` plus its devices and backend variables,
-    then launch.engine_env."""
+    """The whole environment of engine `index`: `base` plus its devices, backend variables and
+    the compilation cache (`xla_cache_env`), then launch.engine_env."""
     launch = job.launch
-    env = dict(base)
+    env = dict(base) | xla_cache_env(job, base)
     k = launch.devices_per_engine
     if resolve_accelerator(job) == "gpu":
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(index * k, (index + 1) * k))

@@ -193,6 +193,13 @@ class LaunchSection(_Section):
     tp_shards: bool = True
     """Engines at TP > 1 receive only their own shard of each split tensor; False sends every
     tensor whole to every TP rank (vLLM's loaders then take the shard)."""
+    xla_cache: bool = True
+    """JAX's persistent compilation cache for the trainer and the engines (see
+    `trainer.launch.commands.xla_cache_env`): a restarted JAX engine or a rerun loads its
+    compiled programs instead of compiling them again."""
+    xla_cache_dir: str = ""
+    """Folder of that cache; empty: $JAXRL_CACHE_DIR/xla (default ~/.cache/jaxrl/xla). A
+    JAX_COMPILATION_CACHE_DIR already in the environment wins."""
     port: int = Field(default=0, ge=0, le=65535)
     """Gateway port; 0 picks a free one."""
     max_concurrent_prompts: int = Field(default=16, ge=1)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from trainer.checkpoints.smollm2 import cache_dir
 from trainer.launch.commands import (
     cpu_bind,
     engine_argv,
@@ -14,6 +15,7 @@ from trainer.launch.commands import (
     resolve_data_plane,
     tp_bind,
     trainer_env,
+    xla_cache_env,
 )
 from trainer.launch.job_config import load_job_config
 
@@ -57,7 +59,23 @@ def test_gpu_devices_are_disjoint():
     envs = [engine_env(job, i, {"JAX_PLATFORMS": "cpu"}) for i in range(2)]
     assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0,1", "2,3"]
     assert all("JAX_PLATFORMS" not in e and e["FOO"] == "bar" for e in envs)
-    assert trainer_env(job, {}) == {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
+    assert trainer_env(job, {}) == {
+        "CUDA_VISIBLE_DEVICES": "4,5,6,7", "JAX_COMPILATION_CACHE_DIR": str(cache_dir() / "xla"),
+    }  # fmt: skip
+
+
+def test_every_process_of_the_run_shares_one_compilation_cache(tmp_path):
+    key = "JAX_COMPILATION_CACHE_DIR"
+    default = _job("launch.accelerator=cpu")
+    assert xla_cache_env(default, {}) == {key: str(cache_dir() / "xla")}
+    assert trainer_env(default, {})[key] == engine_env(default, 0, {})[key]
+    mine = _job("launch.accelerator=cpu", f"launch.xla_cache_dir={tmp_path}")
+    assert engine_env(mine, 0, {})[key] == trainer_env(mine, {})[key] == str(tmp_path)
+    # the user's own variable wins; launch.xla_cache=false sets none
+    assert engine_env(mine, 0, {key: "/theirs"})[key] == "/theirs"
+    assert key not in trainer_env(mine, {key: "/theirs"})
+    off = _job("launch.accelerator=cpu", "launch.xla_cache=false")
+    assert key not in engine_env(off, 0, {}) and key not in trainer_env(off, {})
 
 
 def test_engine_argv_switches_backend_only(tmp_path):
