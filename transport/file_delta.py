@@ -248,6 +248,13 @@ class DeltaFileReceiver(WeightReceiver):
 
         chain = read_chain(self.root, version)
         base = chain.get("base")
+        if base is not None and not (
+            isinstance(base, int) and int(chain["keyframe"]) <= base < version
+        ):
+            raise TransferError(
+                f"version {version}: {CHAIN} names base {base!r}; a delta's base must be an "
+                f"earlier version at or after its keyframe {chain['keyframe']!r}"
+            )
         if base is None:
             bases = None
         elif self._held is not None and self._held[0] == base:

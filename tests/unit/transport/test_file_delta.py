@@ -163,6 +163,19 @@ def test_a_pruned_base_and_a_wrong_manifest_are_clear_errors(tmp_path):
         make_receiver(cfg).receive(_m(9), lambda bucket: None)
 
 
+def test_a_chain_that_points_at_itself_or_forward_is_refused(tmp_path):
+    cfg = _cfg(tmp_path, keep=10)
+    sender = make_sender(cfg)
+    for v, w in enumerate(_versions(2, seed=7), start=1):
+        sender.send(_m(v), w.items())
+    path = version_dir(tmp_path, 2) / CHAIN
+    for base in (2, 3, "1", -1):
+        chain = json.loads(path.read_text()) | {"base": base}
+        path.write_text(json.dumps(chain))
+        with pytest.raises(TransferError, match=f"names base {base!r}"):
+            make_receiver(cfg).receive(_m(2), lambda bucket: None)
+
+
 def test_a_failed_load_is_a_transfer_error_and_the_next_version_still_arrives(tmp_path):
     cfg = _cfg(tmp_path, keep=10)
     sender, receiver = make_sender(cfg), make_receiver(cfg)
