@@ -50,7 +50,7 @@ from transport.base import (
     unpack,
 )
 from transport.file import FINGERPRINT, commit_folder, version_dir, wait_committed
-from transport.manifest import DTYPE_BYTES, Manifest, ManifestError
+from transport.manifest import DTYPE_BYTES, Manifest, ManifestError, bucket_layout
 
 CHAIN = "chain.json"
 """The file of a version folder that says how to rebuild it (see the module docstring)."""
@@ -69,8 +69,6 @@ def _layout_key(manifest: Manifest) -> bytes:
 
 def _planes(manifest: Manifest, bucket: list[int]) -> list[tuple[int, int, int]]:
     """(offset, bytes, itemsize) of each tensor's values inside the bucket's packed buffer."""
-    from transport.manifest import bucket_layout
-
     offsets, _ = bucket_layout(manifest, bucket)
     return [
         (off, manifest.tensors[i].nbytes, DTYPE_BYTES[manifest.tensors[i].dtype])
