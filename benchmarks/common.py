@@ -1,4 +1,5 @@
-"""Pieces several benchmarks share: the model folder by name and the memcpy reference.
+"""Pieces several benchmarks share: the model folder by name, the memcpy reference and the
+environment of a vLLM engine on this machine's CPUs.
 
 Imported by the scripts beside it (`python benchmarks/<name>.py` puts this folder first on
 `sys.path`).
@@ -9,6 +10,15 @@ from __future__ import annotations
 import statistics
 import time
 from pathlib import Path
+
+#: What a vLLM CPU engine needs here (2 cores): 1 GiB of KV cache, its OpenMP threads bound
+#: to both cores and no core reserved for vLLM's scheduler process (vLLM's "auto" binding
+#: reserves one core per TP rank on x86, which leaves the engine one of the 2 cores).
+CPU_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+}
 
 
 def model_path(name: str, tmp: Path) -> Path:
@@ -38,3 +48,134 @@ def memcpy_gb_per_s(num_bytes: int, repeats: int = 3) -> float:
         dst.copy_(src)
         times.append(time.perf_counter() - t0)
     return num_bytes / statistics.median(times) / 1e9
+
+
+def _gloo_peer(port: int, sizes: list[int], repeats: int, manifests: list[dict]) -> None:
+    """The receiving side of `gloo_reference` (a child process): rank 1 of a bare gloo group
+    that takes `repeats` rounds of one broadcast per size of `sizes` into preallocated
+    buffers, then rank 1 of the project's gloo transport (`transport.gloo.GlooReceiver`,
+    the store at `port` + 1) receiving each of `manifests` into a callback that drops the
+    buckets."""
+    import torch
+
+    from transport.gloo import GlooReceiver
+    from transport.manifest import Manifest
+
+    pg = _bare_gloo_group(port, 1)
+    bufs = [torch.empty(n, dtype=torch.uint8) for n in sizes]
+    for _ in range(repeats):
+        for b in bufs:
+            _bare_broadcast(pg, b)
+    del pg
+    receiver = GlooReceiver("127.0.0.1", port + 1, 1, 2, timeout_s=120)
+    try:
+        for d in manifests:
+            receiver.receive(Manifest.from_dict(d), lambda bucket: None)
+    finally:
+        receiver.close()
+
+
+def _bare_gloo_group(port: int, rank: int):
+    """A 2-rank torch gloo process group on 127.0.0.1 (its own TCPStore at `port`)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=120)
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, timeout=timeout)
+    opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+    opts._timeout = timeout
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    return dist.ProcessGroupGloo(store, rank, 2, opts)
+
+
+def _bare_broadcast(pg, t) -> None:
+    import torch.distributed as dist
+
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    pg.broadcast([t], opts).wait()
+
+
+def _free_port_pair() -> int:
+    """A port p with p and p + 1 free on 127.0.0.1 (checked, then released)."""
+    import socket
+
+    for _ in range(100):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            p = a.getsockname()[1]
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", p + 1))
+                except OSError:
+                    continue
+            return int(p)
+    raise OSError("no two adjacent free ports on 127.0.0.1")
+
+
+def gloo_reference(manifests: list, tensors, repeats: int = 3) -> dict[str, float]:
+    """The gloo references of a weight push, measured against a child process on loopback.
+
+    Args:
+        manifests: at least 2 `transport.manifest.Manifest`s of the same layout (their
+            versions differ), one per send: the first is a warm-up (it forms the group), the
+            rest are timed; the bytes and buckets of the first set the raw rounds.
+        tensors: a callable returning, for each send, a fresh (name, array) iterable in
+            manifest order (what `WeightSender.send` takes: e.g. fp32 JAX params mapped to
+            the HF layout, cast while packed).
+        repeats: rounds of the raw broadcast.
+
+    Returns:
+        `raw_gloo_gb_per_s`: the median GB/s (1e9 bytes) of `repeats` rounds of a bare torch
+        gloo broadcast of the same bytes, one broadcast per bucket from preallocated buffers
+        (nothing packed, nothing loaded: the wire alone); `transport_gb_per_s`: the median
+        GB/s of the project's `GlooSender.send` of each manifest (packing from `tensors`,
+        the pipelined broadcast, the commit) into a receiver that drops the buckets: what
+        the data plane costs without an engine's load.
+    """
+    import multiprocessing
+
+    import torch
+
+    from transport.gloo import GlooSender
+    from transport.manifest import bucket_layout
+
+    if len(manifests) < 2:
+        raise ValueError(
+            f"expected at least 2 manifests (a warm-up and a timed send), got {len(manifests)}"
+        )
+    first = manifests[0]
+    sizes = [bucket_layout(first, b)[1] for b in first.buckets()]
+    port = _free_port_pair()
+    ctx = multiprocessing.get_context("spawn")
+    peer = ctx.Process(
+        target=_gloo_peer, args=(port, sizes, repeats, [m.to_dict() for m in manifests])
+    )
+    peer.start()
+    try:
+        pg = _bare_gloo_group(port, 0)
+        bufs = [torch.ones(n, dtype=torch.uint8) for n in sizes]
+        raw = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for b in bufs:
+                _bare_broadcast(pg, b)
+            raw.append(time.perf_counter() - t0)
+        del pg, bufs
+        sender = GlooSender("127.0.0.1", port + 1, 1, timeout_s=120)
+        try:  # the first send forms the group: a warm-up, not timed
+            sends = [sender.send(m, tensors()).seconds for m in manifests][1:]
+        finally:
+            sender.close()
+        peer.join(120)
+    finally:
+        if peer.is_alive():
+            peer.kill()
+            peer.join()
+    if peer.exitcode != 0:
+        raise RuntimeError(f"the gloo reference's receiver exited with {peer.exitcode}")
+    return {
+        "raw_gloo_gb_per_s": first.total_bytes / statistics.median(raw) / 1e9,
+        "transport_gb_per_s": first.total_bytes / statistics.median(sends) / 1e9,
+    }

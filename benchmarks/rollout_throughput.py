@@ -1,33 +1,71 @@
 """Generated tokens per second of the JAX engine and of vLLM on the same model, prompts and
-sampling, in the same run (the ratio); and the JAX engine's decode step time against its
-roofline: the bytes one step reads (all weights, plus the whole KV cache: at this script's
-cache length of 64 + max_tokens the attention bound, `BatcherConfig.kv_bucket`, covers every
-slot) over the memory bandwidth measured in the same run, and, since a CPU decode
-step of 32 rows is compute-bound, its FLOPs (2 per param per row, plus attention over the whole
-cache) over the rate of a decode-shaped matmul measured in the same run; the roofline is the
-larger of the two and ``roofline_fraction`` = roofline / measured step.
+sampling, in the same run (the ratios); and the JAX engine's decode step time against its
+roofline.
 
-Usage: python benchmarks/rollout_throughput.py [--model tiny|smollm2|HF_DIR] [--engines jax,vllm]
-    [--prompts 16] [--samples 4] [--max-tokens 64] [--slots 32] [--dtype float32]
-Both engines ignore EOS, so each sample is exactly --max-tokens long. Prints one line per
-measurement, then one JSON object on the last line.
+Measured, in this order, each on the same `--prompts` random prompts of 16 to 64 token ids
+(seeded), `--samples` samples each at temperature 1, EOS ignored (every sample exactly
+`--max-tokens` long), after an untimed warm-up; tokens/s = generated tokens / wall seconds of
+one pass over all prompts submitted at once:
+
+- ``jax``: the JAX engine (`JaxEngine`, `--slots` slots, `--dtype`, default fp32: JAX computes
+  faster in fp32 on this CPU); warm-up: the same workload (it compiles every bucket).
+- ``vllm``: the project's vLLM backend (`VllmBackend`: in-process `AsyncLLM`, processed
+  log-probs returned, prefix caching, eager), once per `--vllm-dtypes` (default bf16 and fp32);
+  warm-up: every prompt with 16 new tokens.
+- ``bare``: `vllm.LLM(...).generate` directly, bf16, the same prompts and sampling (log-probs
+  of the sampled tokens asked for too, as the backend does): the reference of the backend.
+- ``bridge``: vLLM bf16 as the main job runs it: a gateway process and an engine process
+  (``python -m rollout_engine --backend vllm``), this process submitting the prompts and
+  fetching the groups over gRPC as the trainer does (`run_bridge`);
+  ``bridge_over_bare_vllm`` is its tokens/s over bare's.
+
+Every vLLM engine runs with `common.CPU_ENV` (1 GiB KV cache, OpenMP threads bound to cores
+0-1, no core reserved) and is shut down, its processes gone, before the next starts.
+Without those variables vLLM's "auto" binding reserves one of the 2 cores for its scheduler
+and computes on the other: the backend made 487 tokens/s instead of 744 on the default
+workload (bare bf16: 730), and the old warm-up (a whole second pass of the workload) doubled
+the wall time on top; `VllmBackend.start` now sets the same defaults itself when they are
+missing (`rollout_engine.vllm.backend.cpu_env_defaults`).
+In fp32 the same 1 GiB holds half the KV (17,472 tokens on smollm2: 91 of the default 256
+sequences at once, against 182 in bf16), which lowers vLLM fp32's figure.
+
+Roofline of the JAX decode step: the bytes one step reads (all weights, plus the whole KV
+cache: at this script's cache length of 64 + max_tokens the attention bound,
+`BatcherConfig.kv_bucket`, covers every slot) over the memory bandwidth measured in the same
+run, and, since a CPU decode step of many rows is compute-bound, its FLOPs (2 per param per
+row, plus attention over the whole cache) over the rate of a decode-shaped matmul measured in
+the same run; the roofline is the larger of the two and ``roofline_fraction`` = roofline /
+measured step.
+
+Usage: python benchmarks/rollout_throughput.py [--model smollm2|tiny|HF_DIR]
+    [--engines jax,vllm,bare,bridge] [--vllm-dtypes bfloat16,float32] [--prompts 64] [--samples 4]
+    [--max-tokens 128] [--slots 64] [--dtype float32]
+Prints one line per measurement, then one JSON object on the last line: tokens/s as
+``jax_tokens_per_s``, ``vllm_bf16_tokens_per_s``, ``vllm_fp32_tokens_per_s``,
+``bare_vllm_bf16_tokens_per_s``, ``bridge_vllm_bf16_tokens_per_s``, the ratios
+``jax_over_vllm_bf16``, ``jax_over_vllm_fp32``, ``backend_over_bare_vllm_bf16``,
+``bridge_over_bare_vllm``, and the JAX step and roofline figures (seconds, bytes, FLOP/s,
+GB/s).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
+import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Literal, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import model_path
+from common import CPU_ENV, model_path
 from flax import nnx
 
 from rollout_engine.jax.batcher import BatcherConfig, ContinuousBatcher
@@ -130,60 +168,181 @@ def matmul_rate(b: int, d: int, v: int, repeats: int = 5) -> float:
     return 2 * b * d * v / statistics.median(times)
 
 
-def run_vllm(path: Path, prompts, args) -> float:
-    """Tokens/s of the vLLM backend (after a warm-up request)."""
+VllmDtype = Literal["bfloat16", "float16", "float32"]
+SHORT = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
+#: New tokens of each sample in a vLLM warm-up pass (every prompt, every sample).
+WARMUP_TOKENS = 16
+
+
+def wait_children_gone(timeout: float = 60.0) -> None:
+    """Wait until this process has no child processes left but multiprocessing's resource
+    tracker (a vLLM engine's EngineCore and workers gone), so the next engine starts on freed
+    memory; says so if some are still there after `timeout` seconds."""
+    import psutil
+
+    def left() -> list[psutil.Process]:
+        kids = []
+        for p in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if "resource_tracker" not in " ".join(p.cmdline()):
+                    kids.append(p)
+        return kids
+
+    deadline = time.monotonic() + timeout
+    while (kids := left()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if kids:
+        print(f"warning: vLLM processes still running after shutdown: {kids}")
+
+
+def run_vllm(path: Path, prompts, args, dtype: VllmDtype) -> float:
+    """Tokens/s of the project's vLLM backend in `dtype` (after a short warm-up pass)."""
     from gateway import messages as m
     from rollout_engine.vllm.backend import VllmBackend, VllmBackendConfig
 
+    def prompt(sid: str, tokens, max_new: int) -> m.Prompt:
+        sampling = m.SamplingParams(max_new_tokens=max_new, temperature=1.0, ignore_eos=True)
+        return m.Prompt(sid, np.asarray(tokens, np.int32), args.samples, sampling)
+
     async def go() -> float:
         backend = VllmBackend(
-            VllmBackendConfig(model=str(path), dtype=args.dtype, max_model_len=64 + args.max_tokens)
+            VllmBackendConfig(model=str(path), dtype=dtype, max_model_len=64 + args.max_tokens)
         )
-        await backend.start()
         try:
-            sampling = m.SamplingParams(
-                max_new_tokens=args.max_tokens, temperature=1.0, ignore_eos=True
-            )
-
-            def prompt(sid: str, tokens) -> m.Prompt:
-                return m.Prompt(sid, np.asarray(tokens, np.int32), args.samples, sampling)
-
+            await backend.start()
             await asyncio.gather(
-                *(backend.generate(prompt(f"w{i}", p)) for i, p in enumerate(prompts))
+                *(
+                    backend.generate(prompt(f"w{i}", p, WARMUP_TOKENS))
+                    for i, p in enumerate(prompts)
+                )
             )
             t = time.perf_counter()
             groups = await asyncio.gather(
-                *(backend.generate(prompt(f"p{i}", p)) for i, p in enumerate(prompts))
+                *(
+                    backend.generate(prompt(f"p{i}", p, args.max_tokens))
+                    for i, p in enumerate(prompts)
+                )
             )
             wall = time.perf_counter() - t
         finally:
             await backend.shutdown()
         tokens = sum(len(s.token_ids) for g in groups for s in g)
-        print(f"vllm: {tokens} tokens in {wall:.2f} s = {tokens / wall:.1f} tokens/s")
+        print(f"vllm {dtype}: {tokens} tokens in {wall:.2f} s = {tokens / wall:.1f} tokens/s")
         return tokens / wall
 
-    return asyncio.run(go())
+    tps = asyncio.run(go())
+    wait_children_gone()
+    return tps
+
+
+def run_bare_vllm(path: Path, prompts, args, dtype: VllmDtype = "bfloat16") -> float:
+    """Tokens/s of `vllm.LLM.generate` itself on the same prompts and sampling (the
+    reference of the backend), after the same warm-up pass."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(
+        model=str(path), dtype=dtype, enforce_eager=True, max_model_len=64 + args.max_tokens, seed=0
+    )
+    try:
+        token_prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+
+        def params(max_new: int) -> SamplingParams:
+            return SamplingParams(
+                n=args.samples,
+                max_tokens=max_new,
+                temperature=1.0,
+                ignore_eos=True,
+                logprobs=0,  # the sampled token's log-prob, as the backend asks
+                detokenize=False,
+            )
+
+        llm.generate(token_prompts, params(WARMUP_TOKENS), use_tqdm=False)
+        t = time.perf_counter()
+        outs = llm.generate(token_prompts, params(args.max_tokens), use_tqdm=False)
+        wall = time.perf_counter() - t
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+    tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
+    print(f"bare vllm {dtype}: {tokens} tokens in {wall:.2f} s = {tokens / wall:.1f} tokens/s")
+    wait_children_gone()
+    return tokens / wall
+
+
+def run_bridge(path: Path, prompts, args, dtype: VllmDtype = "bfloat16") -> float:
+    """Tokens/s of vLLM through the bridge: a gateway process and a ``python -m
+    rollout_engine --backend vllm`` process (`stack.engine_stack`: leases, the worker loop,
+    returns over gRPC), this process as the trainer submitting every prompt as one group of
+    `--samples` and fetching the groups; the same prompts and sampling, after the same
+    warm-up pass. The engine takes every prompt at once (``--max-concurrent-prompts``)."""
+    from stack import engine_stack
+
+    from gateway import messages as m
+    from mappings.registry import family_for_model_type
+
+    def submit(trainer, tag: str, max_new: int) -> int:
+        sampling = m.SamplingParams(max_new_tokens=max_new, temperature=1.0, ignore_eos=True)
+        batch = [m.Prompt(f"{tag}{i}", np.asarray(p, np.int32), args.samples, sampling)
+                 for i, p in enumerate(prompts)]  # fmt: skip
+        trainer.submit_prompts(batch, timeout_s=60.0)
+        tokens, groups = 0, 0
+        while groups < len(batch):
+            for g in trainer.fetch_rollouts(len(batch), timeout_s=600.0):
+                groups += 1
+                tokens += sum(len(c.token_ids) for c in g.completions)
+        return tokens
+
+    family = family_for_model_type(json.loads((path / "config.json").read_text())["model_type"])
+    engine_args = ("--max-concurrent-prompts", str(len(prompts)))
+    with tempfile.TemporaryDirectory() as work:
+        with engine_stack(
+            Path(work), path, family, dtype, 64 + args.max_tokens, engine_args=engine_args
+        ) as (trainer, _):
+            submit(trainer, "w", WARMUP_TOKENS)
+            t = time.perf_counter()
+            tokens = submit(trainer, "p", args.max_tokens)
+            wall = time.perf_counter() - t
+    print(f"bridge vllm {dtype}: {tokens} tokens in {wall:.2f} s = {tokens / wall:.1f} tokens/s")
+    wait_children_gone()
+    return tokens / wall
 
 
 def main() -> None:
     """Runs the engines asked for and prints the figures and ratios as JSON on the last line."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", default="tiny")
-    parser.add_argument("--engines", default="jax,vllm")
-    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument(
+        "--engines", default="jax,vllm,bare,bridge", help="any of jax, vllm, bare, bridge"
+    )
+    parser.add_argument("--vllm-dtypes", default="bfloat16,float32")
+    parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--samples", type=int, default=4)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--slots", type=int, default=32)
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--slots", type=int, default=64)
+    parser.add_argument("--dtype", default="float32", help="the JAX engine's dtype")
     args = parser.parse_args()
     if args.max_tokens < 24:
         parser.error("--max-tokens must be >= 24 (the step timing runs 16 decode steps)")
     engines = set(args.engines.split(","))
+    known = {"jax", "vllm", "bare", "bridge"}
+    if engines - known:
+        parser.error(f"unknown engines {sorted(engines - known)}")
+    vllm_dtypes = [cast(VllmDtype, d) for d in args.vllm_dtypes.split(",")]
+    if set(vllm_dtypes) - set(SHORT):
+        parser.error(f"--vllm-dtypes: each of {sorted(SHORT)}")
     with tempfile.TemporaryDirectory() as tmp:
         path = model_path(args.model, Path(tmp))
         vocab = json.loads((path / "config.json").read_text())["vocab_size"]
         prompts = make_prompts(args.prompts, vocab)
-        out: dict[str, object] = {"model": args.model, "dtype": args.dtype}
+        out: dict[str, object] = {
+            "model": args.model,
+            "jax_dtype": args.dtype,
+            "prompts": args.prompts,
+            "samples": args.samples,
+            "max_tokens": args.max_tokens,
+            "slots": args.slots,
+        }
         if "jax" in engines:
             figures = run_jax(path, prompts, args)
             bandwidth = memory_bandwidth()
@@ -200,11 +359,26 @@ def main() -> None:
             out["compute_roofline_step_s"] = compute_s
             out["roofline_step_s"] = roofline
             out["roofline_fraction"] = roofline / figures["decode_step_s"]
+        if engines & {"vllm", "bare", "bridge"}:
+            os.environ.update(CPU_ENV)
+            out["vllm_env"] = dict(CPU_ENV)
+        tps: dict[str, float] = {}
         if "vllm" in engines:
-            out["vllm_tokens_per_s"] = run_vllm(path, prompts, args)
-        if "jax_tokens_per_s" in out and "vllm_tokens_per_s" in out:
-            jax_tps, vllm_tps = out["jax_tokens_per_s"], out["vllm_tokens_per_s"]
-            out["jax_over_vllm"] = float(jax_tps) / float(vllm_tps)  # type: ignore[arg-type]
+            for dtype in vllm_dtypes:
+                tps[f"vllm_{SHORT[dtype]}"] = run_vllm(path, prompts, args, dtype)
+        if "bare" in engines:
+            tps["bare_vllm_bf16"] = run_bare_vllm(path, prompts, args)
+        if "bridge" in engines:
+            tps["bridge_vllm_bf16"] = run_bridge(path, prompts, args)
+        out.update({f"{k}_tokens_per_s": v for k, v in tps.items()})
+        jax_tps = out.get("jax_tokens_per_s")
+        for key in ("vllm_bf16", "vllm_fp32", "vllm_fp16"):
+            if jax_tps is not None and key in tps:
+                out[f"jax_over_{key}"] = float(jax_tps) / tps[key]  # type: ignore[arg-type]
+        if "vllm_bf16" in tps and "bare_vllm_bf16" in tps:
+            out["backend_over_bare_vllm_bf16"] = tps["vllm_bf16"] / tps["bare_vllm_bf16"]
+        if "bridge_vllm_bf16" in tps and "bare_vllm_bf16" in tps:
+            out["bridge_over_bare_vllm"] = tps["bridge_vllm_bf16"] / tps["bare_vllm_bf16"]
     print(json.dumps(out))
 
 

@@ -24,7 +24,22 @@ its `Manifest.region` for a sharded one), `push_gb_per_s` is the model's bytes o
 Reference: right after each timed push, the median GB/s of 3 copies of the same number of bytes
 (the model's bytes in the wire dtype) between two preallocated torch buffers; `ratio_vs_memcpy`
 is the median over the pushes of push GB/s / that memcpy GB/s (measured back to back, as the 2
-shared cores' load changes).
+shared cores' load changes). After each bucket size's pushes, `common.gloo_reference` measures,
+against a child process on loopback and with the same bytes and buckets: `raw_gloo_gb_per_s`,
+a bare torch gloo broadcast of preallocated buffers (the wire alone), and
+`transport_gb_per_s`, the project's `GlooSender` (packing from the same fp32 params, the
+pipelined broadcast, the commit) into a receiver that drops the buckets. `push_over_raw_gloo`
+is push GB/s over the raw broadcast (what vLLM's load adds is in it),
+`transport_over_raw_gloo` the data plane's own share. The references send whole tensors to one
+receiver, whatever `--tp` is.
+
+Data planes (`--data-plane`, one engine each, the gateway started with that transport): gloo,
+and shm (`transport.shm`: the trainer packs each version into a shared-memory segment under
+/dev/shm that the engine maps; whole tensors to every TP rank). `send_over_memcpy` is the
+median over the pushes of the data-plane send's GB/s (for shm: packing into the segment, cast
+included, and the commit; the engine's load comes after, in `loaded`) over the memcpy GB/s
+measured right after it. The last line's `shm_push_s`, `shm_push_gb_per_s` and
+`shm_over_memcpy` are shm's figures at the first bucket size, beside gloo's.
 
 Memory: before each push the peak-RSS counter (VmHWM) of this process and of every process of
 the engine's tree (the CLI process, vLLM's EngineCore and, on CPU, its Workers, which hold the
@@ -37,48 +52,52 @@ later push, or a later bucket size on the same engine, shows less than it uses: 
 `--fresh-engine` each (tp_shards, bucket size) gets a new engine, and its `first_push_*` figure
 is what that bucket size costs an engine that never pushed before.
 
+Several trainer processes (`--trainer-processes 1,2 [--steps 4]`): instead of the pushes
+above, the main job's own pushes of SmolLM2 with the trainer as each count of processes over
+the same devices (fan-in), against the memcpy and raw gloo broadcast of the same bytes
+(`benchmarks/trainer_processes.py` says how); with `--data-plane gloo,jax_transfer` over
+each of them into the JAX engine.
+
 Usage: python benchmarks/weight_sync.py [--models smollm2,0.5b,0.1b] [--bucket-mb 256,64,16]
     [--repeats 2] [--dtype bfloat16] [--tp 1] [--tp-shards on,off] [--fresh-engine]
+    [--data-plane gloo,shm] [--trainer-processes 1,2 --steps 4 [--data-plane gloo,jax_transfer]]
 Prints one line per push, then one JSON object on the last line: its top-level figures are the
-first model at the first `--tp-shards` value and the first bucket size (256 MiB, the transport's
-default bucket), `models` holds every model, `--tp-shards` value and bucket size (push seconds
+first model at the first data plane, the first `--tp-shards` value and the first bucket size
+(256 MiB, the transport's default bucket), `models` holds every model, data plane, `--tp-shards`
+value and bucket size (push seconds
 and GB/s are medians of the timed pushes, peak extra MB the maximum over them).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 import psutil
-from common import memcpy_gb_per_s
+from common import CPU_ENV, gloo_reference, memcpy_gb_per_s
+from stack import engine_stack
 
 from gateway import messages as m
-from gateway.auth import write_tokens
 from gateway.client import GatewayClient
+from mappings.apply import params_to_engine
+from mappings.registry import get_family
 from trainer.checkpoints.hf_io import load_hf_checkpoint
 from trainer.checkpoints.smollm2 import ensure_smollm2
 from trainer.checkpoints.tiny import make_tiny_checkpoint
 from trainer.models.params import flat_params
 from trainer.publish import WeightPublisher
-from transport.config import GlooTransportConfig
+from trainer.publish.host_views import HostView
+from transport.config import GlooTransportConfig, ShmTransportConfig
 from transport.manifest import DTYPE_BYTES, Manifest
 
-CPU_ENV = {
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_CPU_OMP_THREADS_BIND": "0-1",
-    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-}
 #: make_tiny_checkpoint overrides of the ~0.5B random llama (0.47B params).
 LLAMA_05B = dict(
     vocab_size=49152,
@@ -138,87 +157,6 @@ class PeakRss:
         }
 
 
-def _wait_for(what: str, check, timeout_s: float, procs: list[subprocess.Popen], log: Path):
-    end = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        dead = [p.args[2] for p in procs if p.poll() is not None]  # type: ignore[index]
-        if dead or time.monotonic() > end:
-            tail = log.read_text()[-3000:] if log.exists() else ""
-            raise RuntimeError(f"{what} did not happen (exited: {dead}):\n{tail}")
-        time.sleep(0.2)
-
-
-@contextlib.contextmanager
-def engine_stack(
-    workdir: Path, model_dir: Path, family: str, dtype: str, max_model_len: int, tp: int = 1
-):
-    """A gateway process and one vLLM engine process at TP `tp` on `model_dir`; yields (trainer
-    client, engine process). Both processes are shut down (killed if need be) on exit."""
-    tokens = workdir / "tokens.txt"
-    write_tokens(tokens)
-    port_file, gw_log, engine_log = workdir / "port", workdir / "gw.log", workdir / "engine.log"
-    procs: list[subprocess.Popen] = []
-    children: list[psutil.Process] = []  # the engine's vLLM processes, killed if left behind
-    trainer = None
-    try:
-        gw_args = ["--token-file", str(tokens), "--port-file", str(port_file), "--family", family]
-        gw_args += ["--dtype", dtype, "--transport", "gloo", "--log-level", "WARNING"]
-        with open(gw_log, "w") as out:
-            procs.append(
-                subprocess.Popen([sys.executable, "-m", "gateway", "serve", *gw_args], stderr=out)
-            )
-        port = _wait_for(
-            "gateway start", lambda: port_file.exists() and port_file.read_text(), 30, procs, gw_log
-        ).strip()
-        address = f"127.0.0.1:{port}"
-        args = ["--backend", "vllm", "--gateway", address, "--token-file", str(tokens)]
-        args += ["--model", str(model_dir), "--dtype", dtype, "--name", "bench"]
-        args += ["--vllm-max-model-len", str(max_model_len), "--log-level", "WARNING"]
-        args += ["--vllm-tensor-parallel-size", str(tp)]
-        env = {**os.environ, **CPU_ENV}
-        if tp > 1:  # one core per TP worker
-            env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i) for i in range(tp))
-        with open(engine_log, "w") as out:
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "rollout_engine", *args],
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-        trainer = GatewayClient.from_token_file(address, tokens, "trainer")
-        _wait_for(
-            "engine registration",
-            lambda: len(trainer.status().engines) == 1,
-            600,
-            procs,
-            engine_log,
-        )
-        children = psutil.Process(procs[1].pid).children(recursive=True)
-        yield trainer, procs[1]
-        trainer.shutdown("benchmark over")
-        procs[1].wait(60)
-    finally:
-        if trainer is not None:
-            trainer.close()
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait(20)
-        for c in children:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                if c.is_running():
-                    c.kill()
-
-
 def serve_one(trainer: GatewayClient, sample_id: str, version: int) -> None:
     """One greedy prompt at `version` or later; raises unless its rollout is stamped `version`."""
     sampling = m.SamplingParams(temperature=0.0, max_new_tokens=8)
@@ -255,14 +193,21 @@ def bench_model(label: str, model_dir: Path, args: argparse.Namespace) -> dict:
     params = flat_params(decoder)
     num_params = sum(int(np.prod(v.shape)) for v in params.values())
     shard_modes = args.tp_shards if args.tp > 1 else args.tp_shards[:1]
-    combos = [(s, mb) for s in shard_modes for mb in args.bucket_mb]
+    per_plane = {
+        plane: [(plane, s, mb) for s in (shard_modes if plane == "gloo" else [False])
+                for mb in args.bucket_mb]
+        for plane in args.data_plane
+    }  # fmt: skip
     rows: list = []
     first: dict = {}
-    for group in [[c] for c in combos] if args.fresh_engine else [combos]:
-        _bench_engine(label, model_dir, cfg, params, args, group, rows, first)
+    refs: dict = {}
+    for combos in per_plane.values():
+        for group in [[c] for c in combos] if args.fresh_engine else [combos]:
+            _bench_engine(label, model_dir, cfg, params, args, group, rows, first, refs)
     per_bucket = [
-        _summary(mb, shards, args.tp, [r for r in rows if r[0] == (shards, mb)], first[shards, mb])
-        for shards, mb in combos
+        _summary(combo, args.tp, [r for r in rows if r[0] == combo], first[combo], refs.get(combo))
+        for combos in per_plane.values()
+        for combo in combos
     ]
     return {"params": num_params, "bytes": rows[0][1].num_bytes, "per_bucket": per_bucket}
 
@@ -273,19 +218,23 @@ def _bench_engine(
     cfg: Any,
     params: dict,
     args: argparse.Namespace,
-    combos: list[tuple[bool, int]],
+    combos: list[tuple[str, bool, int]],
     rows: list,
     first: dict,
+    refs: dict,
 ) -> None:
-    """Start one engine and run each (tp_shards, bucket MiB) of `combos` on it: a warm-up push
-    (its peak extra MB by process go to `first[combo]`) and `args.repeats` timed pushes (rows
-    of (combo, PushStats, peak extra MB by process, memcpy GB/s, payload bytes per TP rank)
-    appended to `rows`)."""
+    """Start one engine and run each (data plane, tp_shards, bucket MiB) of `combos` (one data
+    plane) on it: a warm-up push (its peak extra MB by process go to `first[combo]`) and
+    `args.repeats` timed pushes (rows of (combo, PushStats, peak extra MB by process, memcpy
+    GB/s, payload bytes per TP rank) appended to `rows`), then, over gloo, the gloo references
+    of that bucket size (`common.gloo_reference`, whole tensors to one receiver) in
+    `refs[combo]`."""
     num_params = sum(int(np.prod(v.shape)) for v in params.values())
     version = 0
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        stack = engine_stack(Path(tmp), model_dir, cfg.family, args.dtype, 256, args.tp)
+        plane = combos[0][0]
+        stack = engine_stack(Path(tmp), model_dir, cfg.family, args.dtype, 256, args.tp, plane)
         with stack as (trainer, engine):
             print(
                 f"{label}: {num_params / 1e6:.1f} M params; engine (TP {args.tp}) up in "
@@ -296,10 +245,16 @@ def _bench_engine(
             tree = [root, *root.children(recursive=True)]
             pids = {"trainer": os.getpid()}
             pids |= {f"engine:{p.pid}:{_name(p)}": p.pid for p in tree}
-            for shards, mb in combos:
-                transport = GlooTransportConfig(
-                    port=0, timeout_s=300, bucket_bytes=mb << 20, tp_shards=shards
-                )
+            for combo in combos:
+                _, shards, mb = combo
+                transport: GlooTransportConfig | ShmTransportConfig
+                if plane == "shm":
+                    shm_root = f"/dev/shm/jaxrl-bench-{os.getpid()}"
+                    transport = ShmTransportConfig(root=shm_root, bucket_bytes=mb << 20)
+                else:
+                    transport = GlooTransportConfig(
+                        port=0, timeout_s=300, bucket_bytes=mb << 20, tp_shards=shards
+                    )
                 publisher = WeightPublisher(trainer, transport, cfg.family, cfg, args.dtype)
                 try:
                     for r in range(args.repeats + 1):
@@ -309,7 +264,8 @@ def _bench_engine(
                         per_rank = rank_bytes(publisher.manifest(version, stats.tp_size), args.tp)
                         tag = "warm-up" if r == 0 else "timed"
                         print(
-                            f"  TP {args.tp} shards {'on' if shards else 'off'} bucket {mb} MB "
+                            f"  {plane} TP {args.tp} shards {'on' if shards else 'off'} bucket "
+                            f"{mb} MB "
                             f"v{version} ({tag}): {stats.seconds:.3f} s (ready "
                             f"{stats.ready_s:.3f}, send {stats.send_s:.3f}, loaded "
                             f"{stats.loaded_s:.3f}), {stats.gb_per_s:.3f} GB/s, "
@@ -318,13 +274,32 @@ def _bench_engine(
                             f"{ {k: round(v) for k, v in peak.extra_mb.items()} }"
                         )
                         if r == 0:
-                            first[shards, mb] = peak.extra_mb
+                            first[combo] = peak.extra_mb
                         else:
                             memcpy = memcpy_gb_per_s(stats.num_bytes)
-                            rows.append(((shards, mb), stats, peak.extra_mb, memcpy, per_rank))
+                            rows.append((combo, stats, peak.extra_mb, memcpy, per_rank))
+                    if plane != "gloo":
+                        continue
+                    ref = gloo_reference(
+                        [publisher.manifest(v, 1) for v in range(args.repeats + 1)],
+                        lambda: _engine_tensors(cfg, params, args.dtype),
+                    )
+                    print(
+                        f"  bucket {mb} MB, one receiver without an engine: raw gloo "
+                        f"{ref['raw_gloo_gb_per_s']:.3f} GB/s, the transport "
+                        f"{ref['transport_gb_per_s']:.3f} GB/s"
+                    )
+                    refs[combo] = ref
                 finally:
                     publisher.close()
             serve_one(trainer, f"{label}-after", version)
+
+
+def _engine_tensors(cfg: Any, params: dict, dtype: str):
+    """(HF name, array) of `params` in manifest order, as `WeightPublisher` streams them: the
+    mapping's layout as strided views, cast to the wire `dtype` while packed."""
+    view = HostView(params, jnp.dtype(dtype))
+    return params_to_engine(get_family(cfg.family), cfg, view, contiguous=False)
 
 
 def _name(p: psutil.Process) -> str:
@@ -332,17 +307,26 @@ def _name(p: psutil.Process) -> str:
     return "cli" if "rollout_engine" in cmd else p.name()
 
 
-def _summary(mb: int, shards: bool, tp: int, rows: list, first: dict[str, float]) -> dict:
-    """One (tp_shards, bucket size)'s figures from its timed pushes (rows of ((tp_shards,
-    bucket MiB), PushStats, peak extra MB by process, memcpy GB/s measured right after the
-    push, payload bytes per TP rank)) and its warm-up push's peak extra MB by process."""
+def _summary(
+    combo: tuple[str, bool, int],
+    tp: int,
+    rows: list,
+    first: dict[str, float],
+    ref: dict[str, float] | None,
+) -> dict:
+    """One (data plane, tp_shards, bucket MiB)'s figures from its timed pushes (rows of
+    (combo, PushStats, peak extra MB by process, memcpy GB/s measured right after the push,
+    payload bytes per TP rank)), its warm-up push's peak extra MB by process and, over gloo,
+    its gloo references (`common.gloo_reference`)."""
+    plane, shards, mb = combo
     secs = statistics.median(s.seconds for _, s, _, _, _ in rows)
     send = statistics.median(s.send_s for _, s, _, _, _ in rows)
     num_bytes = rows[0][1].num_bytes
     ratio = statistics.median(s.gb_per_s / c for _, s, _, c, _ in rows)
     extra = {k: max(e[k] for _, _, e, _, _ in rows) for k in rows[0][2]}
     engine = {k: v for k, v in extra.items() if k.startswith("engine")}
-    return {
+    out = {
+        "data_plane": plane,
         "tp": tp,
         "tp_shards": shards,
         "sharded": rows[0][1].tp_size > 1,
@@ -354,6 +338,9 @@ def _summary(mb: int, shards: bool, tp: int, rows: list, first: dict[str, float]
         "send_gb_per_s": round(num_bytes / send / 1e9, 3),
         "memcpy_gb_per_s": round(statistics.median(c for _, _, _, c, _ in rows), 3),
         "ratio_vs_memcpy": round(ratio, 4),
+        "send_over_memcpy": round(
+            statistics.median(s.send_gb_per_s / c for _, s, _, c, _ in rows), 4
+        ),
         "trainer_peak_extra_mb": round(extra["trainer"], 1),
         "engine_peak_extra_mb": {k: round(v, 1) for k, v in engine.items()},
         "engine_tree_peak_extra_mb": round(sum(engine.values()), 1),
@@ -362,6 +349,42 @@ def _summary(mb: int, shards: bool, tp: int, rows: list, first: dict[str, float]
             sum(v for k, v in first.items() if k.startswith("engine")), 1
         ),
     }
+    if ref is not None:
+        raw = ref["raw_gloo_gb_per_s"]
+        out["raw_gloo_gb_per_s"] = round(raw, 3)
+        out["push_over_raw_gloo"] = round(num_bytes / secs / 1e9 / raw, 4)
+        out["transport_gb_per_s"] = round(ref["transport_gb_per_s"], 3)
+        out["transport_over_raw_gloo"] = round(ref["transport_gb_per_s"] / raw, 4)
+    return out
+
+
+def _trainer_processes(counts: list[int], steps: int, data_planes: tuple[str, ...]) -> dict:
+    """`trainer_processes.bench_trainer_processes` with this script's references: the memcpy
+    and the raw gloo broadcast (`common.gloo_reference`) of SmolLM2's bf16 engine tensors."""
+    from trainer_processes import bench_trainer_processes
+
+    path = ensure_smollm2()
+    cfg, decoder = load_hf_checkpoint(path, dtype="float32")
+    params = flat_params(decoder)
+
+    def references(num_bytes: int) -> dict[str, float]:
+        shapes = [(n, tuple(a.shape)) for n, a in _engine_tensors(cfg, params, "bfloat16")]
+        manifests = [Manifest.of(v, shapes, "bfloat16", 256 << 20) for v in (1, 2, 3)]
+        ref = gloo_reference(manifests, lambda: _engine_tensors(cfg, params, "bfloat16"))
+        return {
+            "memcpy_gb_per_s": memcpy_gb_per_s(num_bytes),
+            "raw_gloo_gb_per_s": ref["raw_gloo_gb_per_s"],
+        }
+
+    env = {**os.environ, **CPU_ENV}
+    with tempfile.TemporaryDirectory() as tmp:
+        figures = bench_trainer_processes(counts, steps, Path(tmp), env, references, data_planes)
+    for r in figures["runs"]:
+        share = r["sent_fraction_by_process"]
+        print(f"{r['data_plane']}, {r['engine']} engine, trainer processes "
+              f"{r['trainer_processes']}: push {r['push_s']} s, {r['push_gb_per_s']} GB/s, "
+              f"sent by process {share}")  # fmt: skip
+    return {"model": "smollm2", "data_planes": list(data_planes), **figures}
 
 
 def main() -> None:
@@ -380,7 +403,33 @@ def main() -> None:
     parser.add_argument(
         "--tp-shards", default="on", help="comma-separated on/off: GlooTransportConfig.tp_shards"
     )
+    parser.add_argument(
+        "--data-plane", default="gloo,shm", help="comma-separated: gloo, shm (one engine each)"
+    )
+    parser.add_argument(
+        "--trainer-processes",
+        default="",
+        help="comma-separated trainer process counts, e.g. 1,2: instead of the pushes above, "
+        "the main job's pushes of SmolLM2 over each --data-plane (gloo, jax_transfer) with the "
+        "trainer as that many processes (benchmarks/trainer_processes.py)",
+    )
+    parser.add_argument("--steps", type=int, default=4, help="job steps per --trainer-processes")
     args = parser.parse_args()
+    if args.trainer_processes:
+        counts = [int(x) for x in args.trainer_processes.split(",") if x]
+        if not counts or min(counts) < 1 or args.steps < 2:
+            parser.error("--trainer-processes takes counts >= 1; --steps >= 2")
+        planes = tuple(x for x in args.data_plane.split(",") if x)
+        if args.data_plane == "gloo,shm":  # the default of the other mode
+            planes = ("gloo",)
+        if not planes or set(planes) - {"gloo", "jax_transfer"}:
+            parser.error(f"with --trainer-processes, --data-plane takes gloo and/or "
+                         f"jax_transfer (got {args.data_plane!r})")  # fmt: skip
+        print(json.dumps(_trainer_processes(counts, args.steps, planes)))
+        return
+    args.data_plane = [x for x in args.data_plane.split(",") if x]
+    if not args.data_plane or set(args.data_plane) - {"gloo", "shm"}:
+        parser.error(f"--data-plane takes gloo and/or shm (got {args.data_plane!r})")
     args.bucket_mb = [int(x) for x in args.bucket_mb.split(",")]
     modes = [x for x in args.tp_shards.split(",") if x]
     if not modes or set(modes) - {"on", "off"}:
@@ -402,8 +451,15 @@ def main() -> None:
                     Path(tmp) / f"llama{name}", "llama", dtype="bfloat16", **RANDOM_MODELS[name]
                 )
             results[name] = bench_model(name, path, args)
-    first = results[models[0]]["per_bucket"][0]
+    rows = results[models[0]]["per_bucket"]
+    first = rows[0]
     summary = {"model": models[0], "dtype": args.dtype, **first}
+    shm = [r for r in rows if r["data_plane"] == "shm" and r["bucket_mb"] == first["bucket_mb"]]
+    if shm:  # the same bucket size through shared memory, beside the first data plane's
+        summary["shm_push_s"] = shm[0]["push_s"]
+        summary["shm_push_gb_per_s"] = shm[0]["push_gb_per_s"]
+        summary["shm_over_memcpy"] = shm[0]["send_over_memcpy"]
+        summary["shm_push_over_first_push"] = round(first["push_s"] / shm[0]["push_s"], 4)
     print(json.dumps({**summary, "models": results}))
 
 

@@ -310,6 +310,13 @@ class GatewayClient:
         request = gpb.DeregisterRequest(engine_id=engine_id, engine_key=self._key(engine_id))
         return self._call("Deregister", request).returned_prompts
 
+    def drop_engine(self, engine_id: str) -> int:
+        """[trainer] Drop an engine whose process is known to have exited (the launcher's
+        supervisor saw it): it needs no engine key; its leased prompts go back to the queue
+        at once (returned: how many). Raises GatewayError NOT_FOUND when the gateway dropped
+        it already."""
+        return self._call("Deregister", gpb.DeregisterRequest(engine_id=engine_id)).returned_prompts
+
     # ----- both -----
     def report_metrics(self, source: str, step: int, values: Mapping[str, float]) -> None:
         """[any] Record named scalars (the latest per source shows in the status). With an

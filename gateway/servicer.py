@@ -39,7 +39,8 @@ _ROUTES: dict[str, tuple[tuple[str, ...], Callable]] = {
     "LeasePrompts": ((ENGINE,), GatewayState.lease),
     "ReturnRollouts": ((ENGINE,), GatewayState.return_rollouts),
     "AckVersion": ((ENGINE,), GatewayState.ack),
-    "Deregister": ((ENGINE,), GatewayState.deregister),
+    # an engine leaves (its key); the trainer drops one whose process it saw exit (no key)
+    "Deregister": ((ENGINE, TRAINER), GatewayState.deregister),
     "SubmitPrompts": ((TRAINER,), GatewayState.submit),
     "FetchRollouts": ((TRAINER,), GatewayState.fetch),
     "PublishVersion": ((TRAINER,), GatewayState.publish),
@@ -75,8 +76,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     def _run(self, name: str, request, context: grpc.ServicerContext):
         roles, fn = _ROUTES[name]
         try:
-            self._auth.check(context.invocation_metadata(), name, roles)
+            role = self._auth.check(context.invocation_metadata(), name, roles)
             self._bounds.check(request)
+            if name == "Deregister":
+                return self.state.deregister(request, by_trainer=role == TRAINER)
             if name not in _WATCHED:
                 return fn(self.state, request)
             answered = threading.Event()

@@ -398,11 +398,32 @@ class GatewayState:
                 released=out.released,
             )
 
-    def deregister(self, req: gpb.DeregisterRequest) -> gpb.DeregisterReply:
-        """Remove an engine; its leased prompts go back to the front of the queue."""
+    def deregister(
+        self, req: gpb.DeregisterRequest, by_trainer: bool = False
+    ) -> gpb.DeregisterReply:
+        """Remove an engine; its leased prompts go back to the front of the queue.
+
+        Args:
+            by_trainer: the call came with the trainer's token: the run's owner drops an
+                engine whose process it saw exit (the launcher's supervisor), without the
+                engine's key; else the engine leaves and its key must match.
+
+        Raises:
+            GatewayError: NOT_FOUND (no such engine: never registered, or already dropped),
+                PERMISSION_DENIED (an engine's call with a wrong key).
+        """
         with self._cv:
-            engine = self._engine(req.engine_id, req.engine_key)
-            n = self._drop_engine(engine, f"engine {engine.engine_id!r} deregistered")
+            if by_trainer:
+                engine = self._engines.get(req.engine_id)
+                if engine is None:
+                    raise GatewayError(
+                        NOT_FOUND, f"engine id {shown(req.engine_id)}: not registered (dropped?)"
+                    )
+                reason = f"engine {engine.engine_id!r} deregistered by the trainer (it exited)"
+            else:
+                engine = self._engine(req.engine_id, req.engine_key)
+                reason = f"engine {engine.engine_id!r} deregistered"
+            n = self._drop_engine(engine, reason)
             self._cv.notify_all()
             return gpb.DeregisterReply(returned_prompts=n)
 

@@ -23,6 +23,7 @@ def checkpoint_to_params(
     read: Callable[[str], np.ndarray],
     available: set[str],
     jax_dims: Mapping[str, int] | None = None,
+    contiguous: bool = True,
 ) -> Iterator[tuple[ConcreteRule, np.ndarray]]:
     """Yields (rule, JAX param array) for every param of `cfg`'s model.
 
@@ -31,6 +32,8 @@ def checkpoint_to_params(
         read: returns a checkpoint tensor by HF name.
         available: every tensor name in the checkpoint (checked before anything is read).
         jax_dims: JAX-side sizes that differ from the checkpoint's (a padded "V").
+        contiguous: False yields views of what `read` returned wherever numpy can
+            (`transform.hf_to_jax`): with a memory-mapped `read`, nothing is copied yet.
 
     Raises:
         MappingError: tensors the mapping needs that the checkpoint lacks (all named, with
@@ -46,7 +49,7 @@ def checkpoint_to_params(
     hf_dims = cfg.dims()
     jdims = dict(hf_dims, **(jax_dims or {}))
     for rule in rules:
-        yield rule, hf_to_jax(rule, read(rule.hf), hf_dims, jdims)
+        yield rule, hf_to_jax(rule, read(rule.hf), hf_dims, jdims, contiguous)
 
 
 def params_to_engine(

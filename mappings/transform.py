@@ -21,13 +21,20 @@ def _split(pattern: str, dims: Mapping[str, int]) -> tuple[list[str], list[int]]
 
 
 def hf_to_jax(
-    rule: ConcreteRule, tensor: np.ndarray, hf_dims: Mapping[str, int], jax_dims: Mapping[str, int]
+    rule: ConcreteRule,
+    tensor: np.ndarray,
+    hf_dims: Mapping[str, int],
+    jax_dims: Mapping[str, int],
+    contiguous: bool = True,
 ) -> np.ndarray:
     """Turns the HF tensor of `rule` into its JAX param layout.
 
     Args:
         tensor: the checkpoint tensor, shape `rule.hf_shape`.
         hf_dims / jax_dims: symbol sizes on each side (they differ only in a padded "V").
+        contiguous: True returns a C-contiguous array; False a view of `tensor` wherever
+            numpy can express the layout change as one (a padded axis is always a copy), for
+            a caller that copies only slices of it (`trainer.checkpoints.hf_io`).
 
     Raises:
         MappingError: the tensor's shape is not `rule.hf_shape` (names the tensor).
@@ -46,7 +53,7 @@ def hf_to_jax(
         if any(p[1] < 0 for p in pads):
             raise MappingError(f"{rule.jax}: cannot pad {x.shape} to {rule.jax_shape}")
         x = np.pad(x, pads)
-    return np.ascontiguousarray(x)
+    return np.ascontiguousarray(x) if contiguous else x
 
 
 def jax_to_hf(

@@ -107,7 +107,7 @@ class EngineProcessConfig(BaseModel):
     """The weight version the checkpoint counts as."""
     name: str = ""
     """Engine name shown in the gateway status (default: the backend)."""
-    transports: tuple[str, ...] = ("gloo", "file")
+    transports: tuple[str, ...] = ("gloo", "file", "shm")
     """Data-plane kinds this engine can receive, preferred first."""
     log_level: str = "INFO"
     worker: WorkerConfig = WorkerConfig()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 import zlib
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,37 @@ def read_records(path: Path) -> list[Any]:
     return records
 
 
+def finished_records(run: Path, timeout_s: float = 60.0) -> list[Any]:
+    """The records of the run folder's transaction log once its ``exit`` record is there.
+
+    W&B's Go core writes the log from its own process and may still be writing when
+    ``run.finish()`` has returned (seen on a loaded CI host: a log without its history rows),
+    so this re-reads it every 0.1 s until the last record is ``exit``.
+
+    Raises:
+      AssertionError: no complete log within `timeout_s` seconds (the last read's error or
+        record kinds in the message).
+    """
+    deadline, last = time.monotonic() + timeout_s, "no run-*.wandb file"
+    while True:
+        logs = sorted(run.glob("run-*.wandb"))
+        if len(logs) == 1:
+            try:
+                records = read_records(logs[0])
+            except ValueError as e:  # a chunk still being written
+                last = str(e)
+            else:
+                kinds = [r.WhichOneof("record_type") for r in records]
+                if kinds and kinds[-1] == "exit":
+                    return records
+                last = f"records so far: {kinds[-5:]}"
+        elif logs:
+            last = f"several logs: {logs}"
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{run}: no finished transaction log after {timeout_s} s ({last})")
+        time.sleep(0.1)
+
+
 def run_folder(wandb_dir: Path) -> Path:
     """The one offline run folder under ``wandb_dir/wandb``.
 
@@ -80,10 +112,9 @@ def run_folder(wandb_dir: Path) -> Path:
 
 def history(run: Path) -> dict[int, dict[str, Any]]:
     """step -> {key: value (JSON-decoded)} of the run's history records (rows logged at one
-    step merged)."""
-    (log,) = run.glob("run-*.wandb")
+    step merged), read once the log is finished (`finished_records`)."""
     rows: dict[int, dict[str, Any]] = {}
-    for record in read_records(log):
+    for record in finished_records(run):
         if record.WhichOneof("record_type") != "history":
             continue
         items = {
@@ -96,9 +127,8 @@ def history(run: Path) -> dict[int, dict[str, Any]]:
 
 def run_config(run: Path) -> dict[str, Any]:
     """The run's config (the last run record's, keys at the top level, values decoded)."""
-    (log,) = run.glob("run-*.wandb")
     config: dict[str, Any] = {}
-    for record in read_records(log):
+    for record in finished_records(run):
         kind = record.WhichOneof("record_type")
         if kind == "run":
             items = record.run.config.update

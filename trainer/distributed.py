@@ -144,7 +144,11 @@ def initialize(group: ProcessGroup) -> tuple[int, int]:
     if not group.multi_process:
         return 0, 1
     where = group.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS") or "(from the env)"
-    who = f"trainer process {group.process_id} of {group.num_processes}"
+    who = (
+        f"trainer process {group.process_id} of {group.num_processes}"
+        if group.process_id is not None and group.num_processes is not None
+        else "a trainer process (its id and the count from the cluster environment)"
+    )
     print(
         f"{who}: joining the jax.distributed group at coordinator {where}; the process exits "
         f"with status {EXIT_INIT_TIMEOUT} if it has not formed within {group.init_timeout_s:g} s "

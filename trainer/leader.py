@@ -8,10 +8,15 @@ followers what comes next, so they enter the same collective in the same order:
 - ``step``: `LeaderStep`: every process calls `TrainStep`, which shares process 0's `RLBatch`
   (`trainer.global_batch.share_batch`; the followers pass None), and all take the same jitted
   train step on the global ("dp", "fsdp") mesh;
-- ``push``: `LeaderPublisher` gathers the params whole onto every process
-  (`gather_params`, `multihost_utils.process_allgather`: a collective) and process 0 pushes
-  them to the engines as a single-process trainer does. This gather of the whole model is the
-  first slice's limit: issue 13 item 2 (every process streams its own shards) replaces it;
+- ``push``: over gloo, NCCL or jax_transfer every process makes its own blocks of
+  the new version (`trainer.publish.local_shards`: the cast and layout change run sharded,
+  a collective) and is one sender of it (`transport.fan_in`): process 0's publisher runs the
+  push and, each time it publishes a plan (the push, a re-plan after engines died, a
+  catch-up of a restarted engine, which may come from the publisher's catch-up thread), posts
+  ``send`` with it, and every follower joins that group as one more sender of its blocks
+  (`trainer.publish.co_sender`). No process gathers a whole tensor. Over the file or shm data
+  plane (one writer per version) the params are gathered onto every process instead
+  (`gather_params`) and process 0 writes them;
 - ``save``: `LeaderCheckpointer` passes process 0's `Progress` and every process calls
   orbax's save on the same folder (orbax writes each process's shards and lets process 0
   finalise; the progress JSON is process 0's);
@@ -29,6 +34,7 @@ only after its op was posted.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -38,12 +44,19 @@ from jax.experimental import multihost_utils
 
 from trainer.checkpointing import Checkpointer, Progress
 from trainer.models.params import flat_params
+from trainer.publish.co_sender import FollowerSends
+from trainer.publish.host_views import flat_of
+from trainer.publish.local_shards import engine_arrays, local_blocks
 from trainer.train_step import TrainState, TrainStep
+from transport.config import JaxTransferTransportConfig, TransportConfig, serves_blocks
+from transport.sync_plan import SyncPlan
 
 #: Prefix of the op keys in the coordination service's key-value store.
 OP_KEY = "jaxrl/op/"
 #: Milliseconds of each blocking read of the next op (a follower reads again after it).
 POLL_MS = 10_000
+#: Prefix of the keys where each trainer process leaves its transfer server's address.
+TRANSFER_KEY = "jaxrl/transfer/"
 
 
 def _client() -> Any:
@@ -62,11 +75,14 @@ class OpChannel:
     def __init__(self) -> None:
         self._client = _client()
         self._next = 0
+        self._lock = threading.Lock()  # the loop and the publisher's catch-up thread post
 
     def post(self, message: dict[str, Any]) -> None:
-        """Process 0: publish the next message (a JSON-able dict with key "op")."""
-        self._client.key_value_set(f"{OP_KEY}{self._next}", json.dumps(message))
-        self._next += 1
+        """Process 0: publish the next message (a JSON-able dict with key "op"); safe to call
+        from several threads (each message gets its own number)."""
+        with self._lock:
+            self._client.key_value_set(f"{OP_KEY}{self._next}", json.dumps(message))
+            self._next += 1
 
     def receive(self) -> dict[str, Any]:
         """A follower: block until the next message is posted, then return it.
@@ -89,7 +105,9 @@ class OpChannel:
 def gather_params(model_or_params: Any) -> dict[str, np.ndarray]:
     """Every param whole on this host (numpy, by dot path), from params sharded over the
     processes' devices. A collective: every trainer process must call it at the same point.
-    The gather is the first slice's weight-push path (issue 13 item 2 replaces it)."""
+    The push path of the file and shm data planes with several trainer processes (over gloo,
+    NCCL and jax_transfer each process sends its own blocks instead,
+    `transport.config.serves_blocks`)."""
     flat = model_or_params if isinstance(model_or_params, Mapping) else flat_params(model_or_params)
     if jax.process_count() == 1:
         return {k: np.asarray(v) for k, v in flat.items()}
@@ -106,10 +124,19 @@ class Leader:
         self.stopped = False
 
     def post(self, op: str, **fields: Any) -> None:
-        """Tell the followers what comes next (op "step", "push", "save" or "stop")."""
+        """Tell the followers what comes next (op "step", "push", "send", "save" or "stop").
+
+        Raises:
+            RuntimeError: after `stop`.
+        """
         if self.stopped:
             raise RuntimeError(f"op {op!r} after the followers were told to stop")
         self.channel.post({"op": op, **fields})
+
+    def announce(self, plan: SyncPlan) -> None:
+        """The publisher's `announce`: have every follower join `plan`'s group as a sender
+        of its blocks of the plan's version (op "send")."""
+        self.post("send", version=plan.version, plan=plan.to_params())
 
     def stop(self, reason: str = "") -> None:
         """Tell the followers to leave (idempotent); call on every way out."""
@@ -144,8 +171,11 @@ class LeaderStep:
 
 
 class LeaderPublisher:
-    """A publisher whose push first gathers the params onto every process (a collective), then
-    pushes them from process 0 (`gather_params`). Other attributes are the publisher's."""
+    """A publisher whose push first has every process make its blocks of the version (a
+    collective) and then pushes process 0's, the others sending theirs as each plan is
+    announced (gloo, NCCL, jax_transfer: `transport.config.serves_blocks`); over the file or
+    shm data plane it gathers the params onto every process and pushes them from process 0
+    (`gather_params`). Other attributes are the publisher's."""
 
     def __init__(self, publisher: Any, leader: Leader) -> None:
         self._publisher, self._leader = publisher, leader
@@ -153,7 +183,12 @@ class LeaderPublisher:
     def push(self, model: Any, version: int) -> Any:
         """As the publisher's push (weights of `model` as `version`)."""
         self._leader.post("push", version=int(version))
-        return self._publisher.push(gather_params(model), version)
+        p = self._publisher
+        if not serves_blocks(p.transport):
+            return p.push(gather_params(model), version)
+        tensors = engine_arrays(p.family, p.cfg, flat_of(model), p.dtype, p.jax_dims)
+        on_device = isinstance(p.transport, JaxTransferTransportConfig)
+        return p.push_blocks(local_blocks(tensors, int(version), 0, on_device))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._publisher, name)
@@ -175,12 +210,57 @@ class LeaderCheckpointer:
         return getattr(self._checkpointer, name)
 
 
-def follow(step: TrainStep, state: TrainState, checkpointer: Checkpointer) -> tuple[int, str]:
+def with_transfer_servers(transport: TransportConfig, timeout_s: float = 300.0) -> Any:
+    """Over jax_transfer, `transport` with `servers` filled in: every trainer process's
+    transfer server address (`transport.jax_transfer.server_for`, started here), in process
+    order. Every trainer process calls it once at the start: each leaves its address in the
+    coordination service's key-value store (``jaxrl/transfer/<process>``) and process 0 reads
+    them all. Any other transport comes back unchanged.
+
+    Raises:
+        TimeoutError: process 0 did not get every address within `timeout_s` seconds.
+        TransferError: this process's server did not start.
+    """
+    from transport.jax_transfer import address_of
+
+    if not isinstance(transport, JaxTransferTransportConfig):
+        return transport
+    own = address_of(transport.host)
+    if jax.process_count() == 1:
+        return transport.model_copy(update={"servers": (own,)})
+    client, me = _client(), jax.process_index()
+    client.key_value_set(f"{TRANSFER_KEY}{me}", own)
+    if me != 0:
+        return transport
+    servers = []
+    for p in range(jax.process_count()):
+        try:
+            servers.append(
+                str(client.blocking_key_value_get(f"{TRANSFER_KEY}{p}", int(timeout_s * 1e3)))
+            )
+        except Exception as err:  # jaxlib's XlaRuntimeError: DEADLINE_EXCEEDED
+            raise TimeoutError(f"trainer process {p} left no transfer server address within "
+                               f"{timeout_s} s: {err}") from err  # fmt: skip
+    return transport.model_copy(update={"servers": tuple(servers)})
+
+
+def follow(
+    step: TrainStep,
+    state: TrainState,
+    checkpointer: Checkpointer,
+    sends: FollowerSends | None = None,
+) -> tuple[int, str]:
     """A follower's loop: take every op process 0 posts until "stop"; returns (the train
     steps taken, process 0's stop reason).
 
+    Args:
+        sends: this process's part of the pushes over a data plane every process sends on
+            (`transport.config.serves_blocks`); None gathers the params at each push (the
+            file and shm data planes).
+
     Raises:
-      ValueError: an op this version does not know (process 0 and this process differ).
+      ValueError: an op this version does not know (process 0 and this process differ), or
+        a "send" without `sends`.
     """
     channel, steps = OpChannel(), 0
     while True:
@@ -189,8 +269,15 @@ def follow(step: TrainStep, state: TrainState, checkpointer: Checkpointer) -> tu
         if op == "step":
             state, _ = step(state, None)  # process 0's batch comes by share_batch
             steps += 1
+        elif op == "push" and sends is not None:
+            sends.prepare(flat_params(step.model(state)), int(message["version"]))
         elif op == "push":
             gather_params(step.model(state))
+        elif op == "send":
+            if sends is None:
+                raise ValueError("op 'send' from trainer process 0, but this process has no "
+                                 "sender (its data plane is not a collective one)")  # fmt: skip
+            sends.send(message["plan"], int(message["version"]))
         elif op == "save":
             checkpointer.save(state, Progress.from_meta(message["progress"]))
         elif op == "stop":

@@ -58,7 +58,9 @@ log = logging.getLogger(__name__)
 class Publisher(Protocol):
     """Makes `version` of `model`'s weights current on every engine and returns once they serve
     it (`trainer.publish.WeightPublisher`); a result with `num_bytes` feeds ``sync_gb_per_s``,
-    one with `tp_size` ``sync_tp_shards`` (the engine TP degree the push was sharded for)."""
+    one with `tp_size` ``sync_tp_shards`` (the engine TP degree the push was sharded for), one
+    with `sent_bytes` ``sync_sent_bytes`` (the payload this process sent: with several trainer
+    processes, its own blocks only)."""
 
     def push(self, model: Decoder, version: int) -> Any: ...
 
@@ -364,6 +366,7 @@ class AsyncTrainer:
             "sync_time_s": sync_s,
             "sync_gb_per_s": sync_bytes / sync_s / 1e9,
             "sync_tp_shards": int(getattr(pushed, "tp_size", 1)),
+            "sync_sent_bytes": int(getattr(pushed, "sent_bytes", 0)),
             "wait_time_s": got.wait_s,
             "total_time_s": total_s,
             "idle_fraction": got.wait_s / total_s,

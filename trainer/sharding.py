@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -84,11 +85,17 @@ def param_sharding(
     return NamedSharding(mesh, fsdp_spec(shape, itemsize, mesh.shape["fsdp"], min_bytes))
 
 
-def place(host: np.ndarray, sharding: NamedSharding) -> jax.Array:
+def place(host: np.ndarray, sharding: NamedSharding, dtype: Any = None) -> jax.Array:
     """A global jax.Array of `sharding` from a host array that every process holds whole
     (the same values on each): each process puts only the slices its own devices hold
-    (`jax.make_array_from_callback`), so it works with one process or many."""
-    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+    (`jax.make_array_from_callback`), so it works with one process or many. With `dtype`,
+    each slice is copied out and cast on its own (a view of a memory-mapped file is then
+    read only where this process's slices lie, and never aliased)."""
+    if dtype is None:
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+    return jax.make_array_from_callback(
+        host.shape, sharding, lambda index: np.array(host[index], dtype=dtype)
+    )
 
 
 def put(x: jax.Array | np.ndarray, sharding: NamedSharding) -> jax.Array:

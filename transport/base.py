@@ -203,11 +203,13 @@ class BufferPool:
     """Send buffers kept between buckets and between pushes: `get(key, n)` returns a uint8
     `[n]` view of one buffer per key, grown (never shrunk) as needed.
 
-    A sender packs every bucket into the same buffer: the page faults of a fresh buffer per
-    bucket cost about as much as the packing copy itself on CPU (measured: 256 MB packed in
-    0.158 s into a fresh buffer, 0.081 s into a reused one). The pool holds about one bucket
-    between pushes; `clear` frees it. A buffer is reused only after the collective that read
-    it was waited on (on GPUs the next packing copy is ordered after it on the stream).
+    A sender packs its buckets into the same few buffers: the page faults of a fresh buffer
+    per bucket cost about as much as the packing copy itself on CPU (measured: 256 MB packed
+    in 0.158 s into a fresh buffer, 0.081 s into a reused one). A packer with `slots` S
+    rotates bucket k through slot k mod S (`slot_key`), so bucket k+1 can be packed while
+    bucket k is still on the wire; the pool then holds about S buckets between pushes;
+    `clear` frees them. A buffer is reused only after the collective that read it was waited
+    on (on GPUs the next packing copy is ordered after it on the stream).
     """
 
     def __init__(self, device: str = "cpu") -> None:
@@ -235,17 +237,26 @@ class BufferPool:
         self._buffers.clear()
 
 
+def slot_key(key: str, bucket: int, slots: int) -> str:
+    """The pool key of buffer `key` for the `bucket`-th bucket when a packer rotates `slots`
+    buffers per key (see `BufferPool`)."""
+    return key if slots == 1 else f"{key}@{bucket % slots}"
+
+
 def iter_packed(
     manifest: Manifest,
     tensors: Iterable[tuple[str, Any]],
     device: str = "cpu",
     pool: BufferPool | None = None,
+    slots: int = 1,
 ) -> Iterator[torch.Tensor]:
     """Pack tensors into one uint8 buffer per bucket, casting each to its manifest dtype.
 
     Args:
-        pool: where the buffer comes from (one reused buffer: consume each bucket before
-            asking for the next); None allocates a fresh buffer per bucket on `device`.
+        pool: where the buffers come from: `slots` reused buffers in turn (bucket k goes to
+            slot k mod `slots`; be done with bucket k before asking for bucket k + `slots`);
+            None allocates a fresh buffer per bucket on `device`.
+        slots: how many buckets may be in use at once (2: one on the wire, one packing).
 
     Yields:
         One uint8 tensor `[bucket_total_bytes]` per bucket, in order.
@@ -258,9 +269,9 @@ def iter_packed(
 
     pool = pool or FreshBuffers(device)
     it = iter(tensors)
-    for bucket in manifest.buckets():
+    for k, bucket in enumerate(manifest.buckets()):
         offsets, total = bucket_layout(manifest, bucket)
-        buf = pool.get("bucket", total)
+        buf = pool.get(slot_key("bucket", k, slots), total)
         for i, off in zip(bucket, offsets, strict=True):
             spec = manifest.tensors[i]
             arr = next_tensor(it, manifest, i)

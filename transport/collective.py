@@ -7,9 +7,24 @@ and each receiver compares the fingerprint with its own); all-reduce (MIN) an ac
 `int32 [1]`; then per bucket either
 - (a manifest with `tp_size` 1) broadcast the packed bucket `uint8 [total_bytes]`, or
 - (a sharded manifest, `sharded.py`) broadcast the bucket's replicated tensors, if any, and
-  send each receiver only its TP rank's regions of the sharded ones, point to point;
+  send each receiver only its TP rank's regions of the sharded ones, point to point, or
+- (a manifest of several senders, `Manifest.senders` P > 1: trainer processes 0..P-1 are
+  ranks 0..P-1, the receivers follow) each sender sends each receiver the parts of its own
+  blocks that the receiver's region needs, point to point (`fan_in.py`): fan-in;
 then all-reduce (MIN) a loaded flag `int32 [1]`: the commit. A receiver whose callback fails keeps
 draining the remaining buckets so the group stays in step, then votes 0 at the commit.
+
+The buckets are pipelined (`PIPELINE_DEPTH` = 2): the sender starts bucket k's collectives
+without waiting and packs bucket k+1 meanwhile, into the other of two reused buffers; a
+receiver posts bucket k+1's receive before it loads bucket k, so the wire runs beside the
+trainer's packing and the engine's load. Both sides issue the same collectives in the same
+order (gloo matches broadcasts by their sequence, point-to-point messages in the order they
+were sent), and each side waits for every one before the commit. Where packing, the wire and
+the engine's load use different resources (a GPU's copy engines and NIC) this hides all but
+the slowest; on the 2-core CPU host every stage needs the same two cores and the measured
+push did not change (SmolLM2 bf16 into vLLM, 64 MiB buckets, `benchmarks/weight_sync.py`,
+two runs each way: 1.214 and 1.149 s before, 1.227 and 1.210 s after), vLLM's own load
+(its layerwise reload and oneDNN repacking, about 0.63 s of it) being most of it.
 A timeout or a broken connection leaves the group out of step: close both ends and reconnect.
 Either end releases its process group the moment a collective fails (`_release`): gloo closes
 a group's connections only when the group is destroyed (`abort` and `shutdown` leave them
@@ -30,9 +45,12 @@ from __future__ import annotations
 
 import socket
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from transport import fan_in
 from transport.base import (
     BufferPool,
     OnBucket,
@@ -41,6 +59,7 @@ from transport.base import (
     WeightReceiver,
     WeightSender,
     iter_packed,
+    slot_key,
     unpack,
 )
 from transport.manifest import FINGERPRINT_BYTES, Manifest, ManifestError, bucket_layout
@@ -132,6 +151,11 @@ def rendezvous_store(
     return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
 
 
+PIPELINE_DEPTH = 2
+"""Buckets a collective sender keeps in flight (and a receiver posts ahead): with 2, bucket k+1
+is packed on the sender, and bucket k-1 loaded on the receiver, while bucket k is on the
+wire. Each side holds up to this many buckets."""
+
 Abandon = Callable[[], "str | None"]
 """Asked between polls while a group forms: a reason to give up (e.g. "engines [...] left"), or
 None to keep waiting."""
@@ -211,19 +235,45 @@ def gloo_device(address: str) -> Any:
 
 class _Group:
     """A thin wrapper over a torch c10d process group: broadcast from 0, MIN all-reduce, and
-    point-to-point sends from 0 (each bounded by `timeout_s` seconds)."""
+    point-to-point sends from 0, each bounded by `timeout_s` seconds. The `*_start` forms
+    return the collective's work handles without waiting (`wait` takes them), so the caller
+    can pack or load one bucket while the next is on the wire."""
 
     def __init__(self, pg: Any, device: str, timeout_s: float = 300.0) -> None:
         self.pg = pg
         self.device = device
         self.timeout_s = timeout_s
 
-    def broadcast(self, t: torch.Tensor) -> None:
+    def broadcast_start(self, t: torch.Tensor) -> list[Any]:
+        """Start broadcasting `t` from rank 0 (every rank calls it, in the same order)."""
         import torch.distributed as dist
 
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
-        self.pg.broadcast([t], opts).wait()
+        return [self.pg.broadcast([t], opts)]
+
+    def send_each_start(self, bufs: dict[int, torch.Tensor]) -> list[Any]:
+        """Start sending `bufs[g]` to group rank g, every send in flight at once (rank 0)."""
+        return [self.pg.send([t], g, 0) for g, t in bufs.items()]
+
+    def recv_start(self, t: torch.Tensor, src: int = 0) -> list[Any]:
+        """Start receiving into `t` from rank `src` (matched in the order the sends were
+        made)."""
+        return [self.pg.recv([t], src, 0)]
+
+    def wait(self, works: list[Any]) -> None:
+        """Wait for every work of `works`, each within `timeout_s`.
+
+        Raises:
+            RuntimeError: (from torch) a collective failed or timed out.
+        """
+        import datetime
+
+        for w in works:
+            w.wait(datetime.timedelta(seconds=self.timeout_s))
+
+    def broadcast(self, t: torch.Tensor) -> None:
+        self.wait(self.broadcast_start(t))
 
     def all_min(self, flag: int) -> int:
         import torch
@@ -235,29 +285,18 @@ class _Group:
         self.pg.allreduce([t], opts).wait()
         return int(t.item())
 
-    def send_each(self, bufs: dict[int, torch.Tensor]) -> None:
-        """Send `bufs[g]` to group rank g, every send in flight at once (rank 0 only)."""
-        import datetime
-
-        works = [self.pg.send([t], g, 0) for g, t in bufs.items()]
-        for w in works:
-            w.wait(datetime.timedelta(seconds=self.timeout_s))
-
-    def recv(self, t: torch.Tensor) -> None:
-        """Receive into `t` from rank 0."""
-        import datetime
-
-        self.pg.recv([t], 0, 0).wait(datetime.timedelta(seconds=self.timeout_s))
-
 
 class CollectiveSender(WeightSender):
-    """Rank 0 of a broadcast group; subclasses build the process group in `_make_group`.
+    """A sender of a broadcast group: rank 0 (which drives the group), or with a manifest of
+    several senders (`Manifest.senders`, `transport.fan_in`) any rank below that count;
+    subclasses build the process group in `_make_group`.
 
     Packs every bucket into buffers it keeps between pushes (`base.BufferPool`: about one
     bucket of memory on the group's device; `close` frees them).
     """
 
     device = "cpu"
+    rank = 0
 
     def __init__(self) -> None:
         self._group: _Group | None = None
@@ -293,7 +332,10 @@ class CollectiveSender(WeightSender):
             _form(self, lambda: self._make_group(abandon))
 
     def send(self, manifest: Manifest, tensors: Iterable[tuple[str, Any]]) -> SendStats:
-        """See `WeightSender.send`; the buckets are packed on `self.device`."""
+        """See `WeightSender.send`; the buckets are packed on `self.device`. With a manifest
+        of several senders each item is (name, this sender's blocks of the tensor: a list of
+        arrays shaped as `fan_in.boxes_of`, possibly empty), and the stats count the bytes
+        this sender sent."""
         import torch
 
         self.connect()
@@ -307,40 +349,110 @@ class CollectiveSender(WeightSender):
                 raise TransferError(
                     f"a receiver refused the manifest of version {manifest.version}"
                 )
-            n = 0
-            if manifest.sharded:
-                n = self._send_sharded(manifest, tensors)
+            if manifest.senders > 1:
+                n, num_bytes = self._stream_fan_in(manifest, tensors)
             else:
-                for buf in iter_packed(manifest, tensors, g.device, self._buffers()):
-                    g.broadcast(buf)
-                    n += 1
+                n, num_bytes = self._stream(manifest, tensors), manifest.total_bytes
             if g.all_min(1) != 1:
                 raise TransferError(f"a receiver failed to load version {manifest.version}")
         except TransferError:
             raise
         except RuntimeError as e:
             failure = f"sending version {manifest.version} failed: {e}"
+            kind: type[Exception] = TransferError
+        except ManifestError as e:  # tensors that do not fit: the peers must not wait
+            failure, kind = str(e), ManifestError
         else:
-            return SendStats(manifest.version, manifest.total_bytes, n, time.perf_counter() - t0)
+            return SendStats(manifest.version, num_bytes, n, time.perf_counter() - t0)
         g = None  # noqa: F841 - this frame's reference goes with the group's
         _release(self)
-        raise TransferError(failure)
+        raise kind(failure)
 
-    def _send_sharded(self, manifest: Manifest, tensors: Iterable[tuple[str, Any]]) -> int:
-        """Per bucket: broadcast the replicated part, send each rank its own regions."""
+    def _stream(self, manifest: Manifest, tensors: Iterable[tuple[str, Any]]) -> int:
+        """Send every bucket, `PIPELINE_DEPTH` at once: bucket k+1 is packed while bucket k
+        is on the wire. Per bucket, one broadcast of the packed bucket, or (sharded) one of
+        its replicated part and a send of each rank's regions. Returns the bucket count."""
         g = self._group
         assert g is not None
-        world = int(g.pg.size())
-        tp_of = {r: tp_rank_of(r, manifest.tp_size) for r in range(1, world)}
+        inflight: deque[list[Any]] = deque()
         n = 0
-        packing = iter_packed_sharded(manifest, tensors, tp_of.values(), g.device, self._buffers())
-        for packed in packing:
-            if packed.replicated is not None:
-                g.broadcast(packed.replicated)
-            if packed.per_rank:
-                g.send_each({r: packed.per_rank[tp] for r, tp in tp_of.items()})
-            n += 1
+        if manifest.sharded:
+            world = int(g.pg.size())
+            tp_of = {r: tp_rank_of(r, manifest.tp_size) for r in range(1, world)}
+            packing = iter_packed_sharded(
+                manifest, tensors, tp_of.values(), g.device, self._buffers(), PIPELINE_DEPTH
+            )
+            for packed in packing:
+                works = []
+                if packed.replicated is not None:
+                    works += g.broadcast_start(packed.replicated)
+                if packed.per_rank:
+                    works += g.send_each_start({r: packed.per_rank[tp] for r, tp in tp_of.items()})
+                n += _keep_in_flight(g, inflight, works)
+        else:
+            packed_buckets = iter_packed(
+                manifest, tensors, g.device, self._buffers(), PIPELINE_DEPTH
+            )
+            for buf in packed_buckets:
+                n += _keep_in_flight(g, inflight, g.broadcast_start(buf))
+        while inflight:
+            g.wait(inflight.popleft())
         return n
+
+    def _stream_fan_in(
+        self, manifest: Manifest, tensors: Iterable[tuple[str, Any]]
+    ) -> tuple[int, int]:
+        """Send this sender's messages of every bucket (`transport.fan_in`), `PIPELINE_DEPTH`
+        buckets in flight; one message per receiving TP rank is packed and sent to every
+        receiver of that rank. Returns (bucket count, payload bytes sent: every receiver's
+        parts, without the alignment padding).
+
+        Raises:
+            ManifestError: a name that differs from the manifest, a missing block, or too few
+                or too many tensors.
+        """
+        g = self._group
+        assert g is not None
+        world, first = int(g.pg.size()), manifest.senders
+        tp_of = {r: tp_rank_of(r, manifest.tp_size, first) for r in range(first, world)}
+        pool, it = self._buffers(), iter(tensors)
+        inflight: deque[list[Any]] = deque()
+        n = sent = 0
+        for k, bucket in enumerate(manifest.buckets()):
+            blocks = {}
+            for i in bucket:
+                name, mine = next(it, (None, ()))
+                if name != manifest.tensors[i].name:
+                    raise ManifestError(
+                        f"tensor {i}: got {name!r}, manifest says {manifest.tensors[i].name!r}"
+                    )
+                blocks[i] = list(mine)
+            bufs, payload = {}, {}
+            for tp in sorted(set(tp_of.values())):
+                parts, total = fan_in.message_layout(manifest, bucket, self.rank, tp)
+                if total:
+                    bufs[tp] = pool.get(slot_key(f"fan{tp}", k, PIPELINE_DEPTH), total)
+                    fan_in.pack(manifest, parts, blocks, bufs[tp])
+                    payload[tp] = sum(p.nbytes for p in parts)
+            to_send = {r: bufs[tp] for r, tp in tp_of.items() if tp in bufs}
+            sent += sum(payload[tp] for tp in tp_of.values() if tp in payload)
+            n += _keep_in_flight(g, inflight, g.send_each_start(to_send))
+        extra = next(it, None)
+        if extra is not None:
+            raise ManifestError(f"more tensors than the manifest lists, starting with {extra[0]!r}")
+        while inflight:
+            g.wait(inflight.popleft())
+        return n, sent
+
+
+def _keep_in_flight(g: _Group, inflight: deque[list[Any]], works: list[Any]) -> int:
+    """Queue one bucket's `works`, then wait for the oldest until fewer than
+    `PIPELINE_DEPTH` buckets are in flight (so the packer may reuse the oldest slot's
+    buffers). Returns 1 (one more bucket sent)."""
+    inflight.append(works)
+    while len(inflight) >= PIPELINE_DEPTH:
+        g.wait(inflight.popleft())
+    return 1
 
 
 class CollectiveReceiver(WeightReceiver):
@@ -408,13 +520,14 @@ class CollectiveReceiver(WeightReceiver):
             if g.all_min(1) != 1:
                 raise TransferError(f"another receiver refused version {manifest.version}")
             failure: BaseException | None = None
+            pending: _Posted | None = None
             for bucket in manifest.buckets():
-                data = self._receive_bucket(manifest, bucket)
-                if failure is None:
-                    try:
-                        on_bucket(data)
-                    except Exception as e:  # keep draining so the group stays in step
-                        failure = e
+                posted = self._post_bucket(manifest, bucket)  # on the wire while k-1 loads
+                if pending is not None:
+                    failure = self._land(pending, on_bucket, failure)
+                pending = posted
+            if pending is not None:
+                failure = self._land(pending, on_bucket, failure)
             ok = g.all_min(0 if failure is not None else 1)
         except TransferError:
             raise
@@ -438,28 +551,85 @@ class CollectiveReceiver(WeightReceiver):
         """This receiver's rank in the group (>= 1); subclasses set `rank`."""
         return int(getattr(self, "rank", 1))
 
-    def _receive_bucket(self, manifest: Manifest, bucket: list[int]) -> Any:
-        """One bucket off the wire: the whole bucket, or (sharded) the replicated part and
-        this rank's regions; views into fresh buffers (vLLM's layerwise reload may keep them
-        until a layer is complete)."""
+    def _tp_rank(self, manifest: Manifest) -> int:
+        """This receiver's engine TP rank: the group ranks after the senders, in order."""
+        return tp_rank_of(self.group_rank, manifest.tp_size, manifest.senders)
+
+    def _post_bucket(self, manifest: Manifest, bucket: list[int]) -> _Posted:
+        """Start receiving one bucket: the whole bucket, or (sharded) the replicated part and
+        this rank's regions, into fresh buffers (vLLM's layerwise reload may keep views of
+        them until a layer is complete)."""
         import torch
 
         g = self._group
         assert g is not None
+        if manifest.senders > 1:
+            return self._post_fan_in(manifest, bucket)
         if not manifest.sharded:
             _, total = bucket_layout(manifest, bucket)
             buf = torch.empty(total, dtype=torch.uint8, device=g.device)
-            g.broadcast(buf)
-            return unpack(manifest, bucket, buf)
-        tp_rank = tp_rank_of(self.group_rank, manifest.tp_size)
+            return _Posted(g.broadcast_start(buf), lambda: unpack(manifest, bucket, buf))
+        tp_rank = self._tp_rank(manifest)
         split = split_bucket(manifest, bucket)
+        works: list[Any] = []
         rep = mine = None
         if split.replicated:
             total = rank_layout(manifest, split.replicated, 0)[1]
             rep = torch.empty(total, dtype=torch.uint8, device=g.device)
-            g.broadcast(rep)
+            works += g.broadcast_start(rep)
         if split.sharded:
             total = rank_layout(manifest, split.sharded, tp_rank)[1]
             mine = torch.empty(total, dtype=torch.uint8, device=g.device)
-            g.recv(mine)
-        return unpack_rank(manifest, bucket, tp_rank, rep, mine)
+            works += g.recv_start(mine)
+        return _Posted(works, lambda: unpack_rank(manifest, bucket, tp_rank, rep, mine))
+
+    def _post_fan_in(self, manifest: Manifest, bucket: list[int]) -> _Posted:
+        """Start receiving one bucket from each sender that has a part of it for this rank
+        (`transport.fan_in`); its views come once the parts are copied into place."""
+        import torch
+
+        g = self._group
+        assert g is not None
+        tp_rank = self._tp_rank(manifest)
+        layout, total = fan_in.receiver_layout(manifest, bucket, tp_rank)
+        out = torch.empty(total, dtype=torch.uint8, device=g.device)
+        works: list[Any] = []
+        messages = []
+        for sender in range(manifest.senders):
+            parts, size = fan_in.message_layout(manifest, bucket, sender, tp_rank)
+            if size:
+                buf = torch.empty(size, dtype=torch.uint8, device=g.device)
+                works += g.recv_start(buf, sender)
+                messages.append((parts, buf))
+
+        def views() -> Any:
+            for parts, buf in messages:
+                fan_in.scatter(manifest, parts, buf, out, layout)
+            return fan_in.bucket_views(manifest, bucket, out, layout)
+
+        return _Posted(works, views)
+
+    def _land(
+        self, posted: _Posted, on_bucket: OnBucket, failure: BaseException | None
+    ) -> BaseException | None:
+        """Wait for a posted bucket and hand it to `on_bucket`, unless a bucket before it
+        failed to load (then only drain it). Returns the first load failure so far."""
+        g = self._group
+        assert g is not None
+        g.wait(posted.works)
+        if failure is not None:
+            return failure
+        try:
+            on_bucket(posted.views())
+        except Exception as e:  # keep draining so the group stays in step
+            return e
+        return None
+
+
+@dataclass
+class _Posted:
+    """A bucket whose receive has started: its work handles, and the views of its tensors
+    once they are waited on."""
+
+    works: list[Any]
+    views: Callable[[], Any]

@@ -5,7 +5,7 @@ Imports no ML library: the trainer's launcher and the configs load it in millise
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeGuard
 
 from pydantic import BaseModel, Field
 
@@ -59,6 +59,57 @@ class FileTransportConfig(BaseModel):
     """With `delta`: the zstd compression level."""
 
 
+class ShmTransportConfig(BaseModel):
+    """Shared-memory segments on the trainer's host (`transport.shm`): engines on the same
+    machine map each version instead of receiving it over a socket."""
+
+    kind: Literal["shm"] = "shm"
+    root: str
+    """The segments' folder, on a tmpfs every engine of the host sees (e.g. /dev/shm/...)."""
+    timeout_s: float = Field(default=300.0, gt=0)
+    """Seconds a receiver waits for a version to be committed."""
+    keep: int = Field(default=2, ge=1)
+    """Committed versions the sender keeps (each is the model's wire bytes in RAM)."""
+    bucket_bytes: int = Field(default=256 * 2**20, gt=0)
+    """Bucket size in bytes: what one loader call of an engine gets."""
+
+
+class JaxTransferTransportConfig(BaseModel):
+    """`jax.experimental.transfer` between JAX processes (`transport.jax_transfer`): every
+    trainer process serves its own blocks, each JAX engine pulls them onto its device."""
+
+    kind: Literal["jax_transfer"] = "jax_transfer"
+    host: str = "127.0.0.1"
+    """The address each side's transfer server binds to and is reached at."""
+    servers: tuple[str, ...] = ()
+    """Sender s's transfer server address is `servers[s]` (filled in by the trainer: one
+    per trainer process)."""
+    group: int = Field(default=0, ge=0)
+    """The plan's group generation (filled in per plan: part of every pull id)."""
+    timeout_s: float = Field(default=300.0, gt=0)
+    """Seconds a version may take to arrive whole; a pull no engine takes is dropped then."""
+    bucket_bytes: int = Field(default=256 * 2**20, gt=0)
+    """Bucket size in bytes (the manifest's; the pull itself moves whole blocks)."""
+
+
 TransportConfig = Annotated[
-    GlooTransportConfig | NcclTransportConfig | FileTransportConfig, Field(discriminator="kind")
+    GlooTransportConfig
+    | NcclTransportConfig
+    | FileTransportConfig
+    | ShmTransportConfig
+    | JaxTransferTransportConfig,
+    Field(discriminator="kind"),
 ]
+
+
+def is_collective(cfg: object) -> TypeGuard[GlooTransportConfig]:
+    """Whether `cfg` names a collective transport (gloo or NCCL: one group of sender and
+    receivers, every member in step), as opposed to one that leaves each version where
+    receivers pick it up (file, shm)."""
+    return isinstance(cfg, GlooTransportConfig)
+
+
+def serves_blocks(cfg: object) -> TypeGuard[GlooTransportConfig | JaxTransferTransportConfig]:
+    """Whether every trainer process sends its own blocks of each version over `cfg` (gloo,
+    NCCL and jax_transfer), rather than process 0 sending gathered params (file, shm)."""
+    return isinstance(cfg, GlooTransportConfig | JaxTransferTransportConfig)

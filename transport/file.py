@@ -51,22 +51,33 @@ def wait_committed(root: str | os.PathLike, version: int, timeout_s: float, poll
         TransferError: not committed within `timeout_s` seconds.
     """
     d = version_dir(root, version)
-    deadline = time.monotonic() + timeout_s
-    while not (d / FINGERPRINT).exists():
-        if time.monotonic() > deadline:
-            raise TransferError(
-                f"version {version} not committed under {root} within {timeout_s} s"
-            )
-        time.sleep(poll_s)
+    wait_path(d / FINGERPRINT, timeout_s, poll_s, f"version {version}")
     return d
 
 
-class FileSender(WeightSender):
-    """Writes each version under `root` (created if absent) and commits it by a rename.
+def wait_path(path: Path, timeout_s: float, poll_s: float, what: str) -> None:
+    """Return once `path` exists (a sender's commit), looking every `poll_s` seconds.
+
+    Raises:
+        TransferError: "`what` not committed within `timeout_s` s (`path` absent)".
+    """
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TransferError(f"{what} not committed within {timeout_s} s ({path} absent)")
+        time.sleep(poll_s)
+
+
+class FolderSender(WeightSender):
+    """A sender that leaves each version in a folder its receivers poll (the file,
+    delta-file and shared-memory transports), committing it by a rename.
 
     Args:
-        root: the shared folder.
+        root: the folder (created if absent).
         keep: how many committed versions to keep (>= 1).
+
+    Raises:
+        ValueError: `keep` < 1.
     """
 
     def __init__(self, root: str | os.PathLike, keep: int = 2) -> None:
@@ -75,6 +86,11 @@ class FileSender(WeightSender):
         self.root = Path(root)
         self.keep = keep
         self.root.mkdir(parents=True, exist_ok=True)
+
+
+class FileSender(FolderSender):
+    """Writes each version under `root` as one safetensors file per bucket (see
+    `FolderSender`)."""
 
     def send(self, manifest: Manifest, tensors: Iterable[tuple[str, Any]]) -> SendStats:
         """See `WeightSender.send`. Returns once the version's folder is committed."""
@@ -120,11 +136,12 @@ class FileSender(WeightSender):
         )
 
 
-class FileReceiver(WeightReceiver):
-    """Waits for a committed version folder under `root` and loads it bucket by bucket.
+class FolderReceiver(WeightReceiver):
+    """A receiver that waits for each version to be committed under a folder it polls (the
+    file, delta-file and shared-memory transports).
 
     Args:
-        root: the shared folder.
+        root: the sender's folder.
         timeout_s: how long `receive` waits for the version to be committed.
         poll_s: seconds between looks.
     """
@@ -133,6 +150,11 @@ class FileReceiver(WeightReceiver):
         self.root = Path(root)
         self.timeout_s = timeout_s
         self.poll_s = poll_s
+
+
+class FileReceiver(FolderReceiver):
+    """Waits for a committed version folder under `root` (see `FolderReceiver`) and loads it
+    bucket by bucket."""
 
     def receive(self, manifest: Manifest, on_bucket: OnBucket) -> None:
         """See `WeightReceiver.receive`."""

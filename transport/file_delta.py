@@ -44,12 +44,17 @@ from transport.base import (
     OnBucket,
     SendStats,
     TransferError,
-    WeightReceiver,
     WeightSender,
     iter_packed,
     unpack,
 )
-from transport.file import FINGERPRINT, commit_folder, version_dir, wait_committed
+from transport.file import (
+    FINGERPRINT,
+    FolderReceiver,
+    commit_folder,
+    version_dir,
+    wait_committed,
+)
 from transport.manifest import DTYPE_BYTES, Manifest, ManifestError, bucket_layout
 
 CHAIN = "chain.json"
@@ -201,18 +206,12 @@ def read_chain(root: str | os.PathLike, version: int) -> dict[str, Any]:
     return chain
 
 
-class DeltaFileReceiver(WeightReceiver):
-    """Waits for a committed version under `root`, rebuilds it from the bytes it holds (or from
-    the keyframe on disk) and loads it bucket by bucket.
-
-    Args:
-        root: the shared folder.
-        timeout_s: how long `receive` waits for the version to be committed.
-        poll_s: seconds between looks.
-    """
+class DeltaFileReceiver(FolderReceiver):
+    """Waits for a committed version under `root` (see `FolderReceiver`), rebuilds it from the
+    bytes it holds (or from the keyframe on disk) and loads it bucket by bucket."""
 
     def __init__(self, root: str | os.PathLike, timeout_s: float = 300.0, poll_s: float = 0.05):
-        self.root, self.timeout_s, self.poll_s = Path(root), timeout_s, poll_s
+        super().__init__(root, timeout_s, poll_s)
         self._held: tuple[int, list[np.ndarray]] | None = None  # the last version loaded
 
     def receive(self, manifest: Manifest, on_bucket: OnBucket) -> None:

@@ -49,10 +49,13 @@ class GlooSender(CollectiveSender):
         host: address the receivers connect to (and the only one this side binds: the store
             and the gloo device).
         port: TCP port of the store; 0 picks a free one (see `port`).
-        num_receivers: number of receiving ranks N (world size N + 1).
+        num_receivers: number of receiving ranks N (world size N + `senders`).
         timeout_s: limit in seconds of the rendezvous and of every collective.
         port_count: with `port` > 0, the store takes the first free port of
             `port .. port + port_count - 1`.
+        senders: trainer processes that send together (`transport.fan_in`): this one is
+            rank 0 and hosts the store, the others (`GlooCoSender`) join it as ranks
+            1..senders-1 like receivers do.
 
     Raises:
         OSError: no port of the range is free (or `host` is not this machine's).
@@ -65,12 +68,15 @@ class GlooSender(CollectiveSender):
         num_receivers: int,
         timeout_s: float = 300.0,
         port_count: int = 1,
+        senders: int = 1,
     ) -> None:
         super().__init__()
-        if num_receivers < 1:
-            raise ValueError(f"num_receivers must be >= 1, got {num_receivers}")
+        if num_receivers < 1 or senders < 1:
+            raise ValueError(
+                f"num_receivers, senders: expected >= 1, got {num_receivers}, {senders}"
+            )
         self.host = host
-        self.world_size = num_receivers + 1
+        self.world_size = num_receivers + senders
         self.timeout_s = timeout_s
         self._store: Any = rendezvous_store(
             host, port, self.world_size, timeout_s, master=True, port_count=port_count
@@ -93,6 +99,30 @@ class GlooSender(CollectiveSender):
         """Drop the group, the send buffers and the store."""
         super().close()
         self._store = None
+
+
+class GlooCoSender(CollectiveSender):
+    """Sender rank `rank` (1..senders-1) of a group whose rank 0 (a `GlooSender` in trainer
+    process 0) hosts the store at (host, port): another trainer process that sends its own
+    blocks of a version (`transport.fan_in`). It joins as a receiver does (announces itself,
+    then builds its process group), so rank 0's wait for the group covers it.
+
+    Args:
+        host, port: rank 0's store (the plan's transport config).
+        rank: this sender's group rank (>= 1).
+        world_size: senders + receiving ranks.
+        timeout_s: limit in seconds of the rendezvous and of every collective.
+    """
+
+    def __init__(
+        self, host: str, port: int, rank: int, world_size: int, timeout_s: float = 300.0
+    ) -> None:
+        super().__init__()
+        self._peer = GlooReceiver(host, port, rank, world_size, timeout_s)
+        self.rank = rank
+
+    def _make_group(self, abandon: Abandon | None) -> _Group:
+        return self._peer._make_group()
 
 
 class GlooReceiver(CollectiveReceiver):

@@ -38,6 +38,13 @@ FINGERPRINT_BYTES = 5 * 8 + 32
 """Length of `Manifest.fingerprint`: five int64 fields and a SHA-256 digest."""
 
 
+Box = tuple[tuple[int, int], ...]
+"""A block of a full tensor: one `(start, stop)` per dim."""
+
+Source = tuple[int, Box]
+"""Who sends a block of a tensor: `(sender rank, box)` (`Manifest.sources`)."""
+
+
 class ManifestError(ValueError):
     """A manifest, or a tensor checked against one, is malformed or does not fit."""
 
@@ -94,6 +101,12 @@ class Manifest:
             of every non-replicated tensor (`TensorSpec.shard`); 1 sends every tensor whole
             to every rank.
         num_kv_heads: the model's KV heads (needed when a tensor's shard is `kv`).
+        senders: how many trainer processes send the version (group ranks 0..senders-1);
+            above 1 each sends only the blocks it holds (`transport.fan_in`).
+        sources: with `senders` > 1, per tensor (in `tensors` order) the blocks that make it
+            up: `(sender, box)` pairs, a box being one `(start, stop)` per dim of the full
+            shape; the boxes tile the tensor exactly once. An empty entry: sender 0 sends
+            the whole tensor.
     """
 
     version: int
@@ -101,6 +114,8 @@ class Manifest:
     bucket_bytes: int
     tp_size: int = 1
     num_kv_heads: int = 0
+    senders: int = 1
+    sources: tuple[tuple[Source, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.version, int) or self.version < 0:
@@ -122,6 +137,42 @@ class Manifest:
                         f"tensor {t.name!r} {list(t.shape)} cannot be split {t.shard!r} over "
                         f"tp_size {self.tp_size} (num_kv_heads {self.num_kv_heads}): {e}"
                     ) from e
+        self._check_sources()
+
+    def _check_sources(self) -> None:
+        if not isinstance(self.senders, int) or self.senders < 1:
+            raise ManifestError(f"senders must be an int >= 1, got {self.senders!r}")
+        if not self.sources:
+            return
+        if len(self.sources) != len(self.tensors):
+            raise ManifestError(
+                f"sources: expected one entry per tensor ({len(self.tensors)}), got "
+                f"{len(self.sources)}"
+            )
+        for t, entry in zip(self.tensors, self.sources, strict=True):
+            if not entry:
+                continue
+            volume = 0
+            for sender, box in entry:
+                if not 0 <= sender < self.senders or len(box) != len(t.shape) or any(
+                    not 0 <= a < b <= d for (a, b), d in zip(box, t.shape, strict=True)
+                ):  # fmt: skip
+                    raise ManifestError(
+                        f"tensor {t.name!r} {list(t.shape)}: source ({sender}, {list(box)}) is "
+                        f"not a non-empty box of it from a sender in 0..{self.senders - 1}"
+                    )
+                volume += math.prod(b - a for a, b in box)
+            boxes = [box for _, box in entry]
+            overlapping = any(
+                all(max(a0, a1) < min(b0, b1) for (a0, b0), (a1, b1) in zip(x, y, strict=True))
+                for k, x in enumerate(boxes) for y in boxes[k + 1 :]
+            )  # fmt: skip
+            if overlapping or volume != math.prod(t.shape):
+                raise ManifestError(
+                    f"tensor {t.name!r} {list(t.shape)}: its sources do not tile it exactly "
+                    f"once ({volume} of {math.prod(t.shape)} elements, overlapping: "
+                    f"{overlapping})"
+                )
 
     @property
     def sharded(self) -> bool:
@@ -163,21 +214,28 @@ class Manifest:
     def to_dict(self) -> dict:
         """A JSON-ready dict (the form carried by vLLM's update request and the gateway).
 
-        A sharded manifest adds `tp_size`, `num_kv_heads` and each tensor's shard kind.
+        A sharded manifest adds `tp_size`, `num_kv_heads` and each tensor's shard kind; a
+        manifest of several senders adds `senders`, and one that names its blocks `sources`.
         """
         if not self.sharded:
-            return {
+            d = {
                 "version": self.version,
                 "bucket_bytes": self.bucket_bytes,
                 "tensors": [[t.name, list(t.shape), t.dtype] for t in self.tensors],
             }
-        return {
-            "version": self.version,
-            "bucket_bytes": self.bucket_bytes,
-            "tp_size": self.tp_size,
-            "num_kv_heads": self.num_kv_heads,
-            "tensors": [[t.name, list(t.shape), t.dtype, t.shard] for t in self.tensors],
-        }
+        else:
+            d = {
+                "version": self.version,
+                "bucket_bytes": self.bucket_bytes,
+                "tp_size": self.tp_size,
+                "num_kv_heads": self.num_kv_heads,
+                "tensors": [[t.name, list(t.shape), t.dtype, t.shard] for t in self.tensors],
+            }
+        if self.senders > 1:
+            d["senders"] = self.senders
+        if self.sources:
+            d["sources"] = [[[s, [list(r) for r in box]] for s, box in e] for e in self.sources]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> Manifest:
@@ -187,12 +245,18 @@ class Manifest:
                 TensorSpec(str(n), tuple(int(x) for x in s), str(dt), *(str(k) for k in rest))  # type: ignore[arg-type]
                 for n, s, dt, *rest in d["tensors"]
             )
+            sources = tuple(
+                tuple((int(s), tuple((int(a), int(b)) for a, b in box)) for s, box in e)
+                for e in d.get("sources", ())
+            )
             return cls(
                 int(d["version"]),
                 tensors,
                 int(d["bucket_bytes"]),
                 int(d.get("tp_size", 1)),
                 int(d.get("num_kv_heads", 0)),
+                int(d.get("senders", 1)),
+                sources,
             )
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, ManifestError):

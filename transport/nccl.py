@@ -19,7 +19,7 @@ import datetime
 from typing import Any
 
 from transport.collective import _Group
-from transport.gloo import GlooReceiver, GlooSender
+from transport.gloo import GlooCoSender, GlooReceiver, GlooSender
 
 
 def _nccl_group(store: Any, rank: int, world_size: int, timeout_s: float, device: str) -> _Group:
@@ -37,7 +37,7 @@ class NcclSender(GlooSender):
     """Rank 0 on `device` (e.g. `"cuda:0"`): `GlooSender`'s rendezvous on a NCCL group.
 
     Args:
-        host, port, num_receivers, timeout_s, port_count: as `GlooSender`.
+        host, port, num_receivers, timeout_s, port_count, senders: as `GlooSender`.
         device: the CUDA device the send buffers live on.
     """
 
@@ -49,8 +49,9 @@ class NcclSender(GlooSender):
         timeout_s: float = 300.0,
         device: str = "cuda:0",
         port_count: int = 1,
+        senders: int = 1,
     ) -> None:
-        super().__init__(host, port, num_receivers, timeout_s, port_count)
+        super().__init__(host, port, num_receivers, timeout_s, port_count, senders)
         self.device = device
 
     def _group_on(self, store: Any) -> _Group:
@@ -79,3 +80,25 @@ class NcclReceiver(GlooReceiver):
 
     def _group_on(self, store: Any) -> _Group:
         return _nccl_group(store, self.rank, self.world_size, self.timeout_s, self.device)
+
+
+class NcclCoSender(GlooCoSender):
+    """Sender rank `rank` (>= 1) on `device`: `GlooCoSender` on a NCCL group.
+
+    Args:
+        host, port, rank, world_size, timeout_s: as `GlooCoSender`.
+        device: the CUDA device the send buffers live on.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        timeout_s: float = 300.0,
+        device: str = "cuda:0",
+    ) -> None:
+        super().__init__(host, port, rank, world_size, timeout_s)
+        self._peer = NcclReceiver(host, port, rank, world_size, timeout_s, device)
+        self.device = device

@@ -23,19 +23,23 @@ if TYPE_CHECKING:  # pure Python at import: `manifest.py` and `sync_plan.py` imp
     pass
 
 
-def tp_rank_of(group_rank: int, tp_size: int) -> int:
-    """The engine TP rank of data-plane group rank `group_rank` (>= 1).
+def tp_rank_of(group_rank: int, tp_size: int, senders: int = 1) -> int:
+    """The engine TP rank of data-plane group rank `group_rank` (>= `senders`).
 
-    The trainer numbers every engine's TP ranks consecutively after the sender (rank 0):
-    engine e's TP rank r is group rank `1 + e * tp_size + r` (`trainer.publish`), so
-    `tp_rank = (group_rank - 1) % tp_size`.
+    The trainer numbers every engine's TP ranks consecutively after its sending processes
+    (ranks 0..senders-1; one unless several trainer processes fan in, `transport.fan_in`):
+    engine e's TP rank r is group rank `senders + e * tp_size + r` (`trainer.publish`), so
+    `tp_rank = (group_rank - senders) % tp_size`.
 
     Raises:
-        ValueError: group rank 0 (the sender) or a tp_size < 1.
+        ValueError: a sender's rank, a tp_size < 1 or senders < 1.
     """
-    if group_rank < 1 or tp_size < 1:
-        raise ValueError(f"expected group_rank >= 1 and tp_size >= 1, got {group_rank}, {tp_size}")
-    return (group_rank - 1) % tp_size
+    if senders < 1 or group_rank < senders or tp_size < 1:
+        raise ValueError(
+            f"expected senders >= 1, group_rank >= senders and tp_size >= 1, got "
+            f"{senders}, {group_rank}, {tp_size}"
+        )
+    return (group_rank - senders) % tp_size
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from transport.base import (
     BufferPool,
     FreshBuffers,
     next_tensor,
+    slot_key,
     write_region,
 )
 from transport.manifest import (
@@ -110,6 +111,7 @@ def iter_packed_sharded(
     tp_ranks: Iterable[int],
     device: str = "cpu",
     pool: BufferPool | None = None,
+    slots: int = 1,
 ) -> Iterator[PackedBucket]:
     """Pack each bucket for per-rank delivery, casting to the manifest dtypes.
 
@@ -118,8 +120,10 @@ def iter_packed_sharded(
         tensors: (name, full array) in manifest order, as `write_region` takes them.
         tp_ranks: the TP ranks some receiver has (a buffer is packed once per rank).
         device: where the buffers live (the sender's device).
-        pool: where the buffers come from (reused: send each bucket before asking for the
-            next); None allocates fresh ones per bucket on `device`.
+        pool: where the buffers come from: `slots` reused sets in turn (bucket k uses set k
+            mod `slots`: be done sending bucket k before asking for bucket k + `slots`); None
+            allocates fresh ones per bucket on `device`.
+        slots: how many buckets may be in use at once (see `transport.base.iter_packed`).
 
     Yields:
         One `PackedBucket` per bucket of `manifest.buckets()`, in order.
@@ -132,12 +136,14 @@ def iter_packed_sharded(
     pool = pool or FreshBuffers(device)
     ranks = sorted(set(tp_ranks))
     it = iter(tensors)
-    for bucket in manifest.buckets():
+    for k, bucket in enumerate(manifest.buckets()):
         split = split_bucket(manifest, bucket)
         rep_layout = rank_layout(manifest, split.replicated, 0)
         layouts = {r: rank_layout(manifest, split.sharded, r) for r in ranks}
-        rep = pool.get("replicated", rep_layout[1])
-        per_rank = {r: pool.get(f"rank{r}", total) for r, (_, total) in layouts.items()}
+        rep = pool.get(slot_key("replicated", k, slots), rep_layout[1])
+        per_rank = {
+            r: pool.get(slot_key(f"rank{r}", k, slots), total) for r, (_, total) in layouts.items()
+        }
         where = {i: (rep, off, region) for i, off, region in rep_layout[0]}
         for i in bucket:
             spec = manifest.tensors[i]

@@ -8,8 +8,8 @@ The params are a flat `dict[str, str]` (the gateway carries them opaquely):
 | --- | --- |
 | `transport` | JSON of a `transport.config.TransportConfig` (the bound port filled in) |
 | `manifest` | `Manifest.to_json()`: version, names, shapes, wire dtype, bucket size (+) |
-| `ranks` | JSON `{engine_id: group rank of the engine's TP rank 0}` (ranks start at 1) |
-| `world_size` | group size: 1 sender + every receiving TP rank |
+| `ranks` | JSON `{engine_id: group rank of the engine's TP rank 0}` (after the senders) |
+| `world_size` | group size: the senders (`Manifest.senders`) + every receiving TP rank |
 | `group` | generation of the group; an engine joins afresh whenever it changes |
 
 (+) A sharded manifest also carries `tp_size`, `num_kv_heads` and each tensor's shard kind.
@@ -40,8 +40,9 @@ class SyncPlan:
     Attributes:
         transport: a `TransportConfig` as a dict (`kind` = gloo | nccl | file, ...).
         manifest: the version's tensors (HF names, full shapes, wire dtype) and bucket size.
-        ranks: engine id -> group rank of its tensor-parallel rank 0 (>= 1).
-        world_size: 1 + the number of receiving ranks of every engine together.
+        ranks: engine id -> group rank of its tensor-parallel rank 0 (>= the manifest's
+            `senders`: ranks 0..senders-1 are the trainer processes that send).
+        world_size: the senders + the receiving ranks of every engine together.
         group: generation of the data-plane group (>= 0). The trainer forms a new group
             (and bumps this) when the engines change or a push failed, since a failed
             collective leaves the old one out of step; engines join afresh when it changes.
@@ -58,9 +59,10 @@ class SyncPlan:
             raise SyncPlanError(f"transport: expected a dict with a 'kind', got {self.transport}")
         if self.world_size < 2:
             raise SyncPlanError(f"world_size: expected >= 2, got {self.world_size}")
-        bad = {e: r for e, r in self.ranks.items() if not 1 <= r < self.world_size}
+        first = self.manifest.senders
+        bad = {e: r for e, r in self.ranks.items() if not first <= r < self.world_size}
         if bad:
-            raise SyncPlanError(f"ranks: expected 1..{self.world_size - 1}, got {bad}")
+            raise SyncPlanError(f"ranks: expected {first}..{self.world_size - 1}, got {bad}")
 
     @property
     def version(self) -> int:

@@ -3,9 +3,11 @@
 `generate` submits one group (G samples of one prompt) to the continuous batcher and awaits it;
 a dispatcher task hands finished samples to their groups. Weights arrive either through the
 data plane (`update_weights(manifest)`: HF-named tensors, mapped to JAX params by the family's
-mapping) or, when engine and trainer share one JAX program, as JAX params directly
-(`update_params`, the device-to-device path). Either way each replica switches at its next safe
-point, and every sample carries the version spans it was sampled with.
+mapping; over jax_transfer they are pulled onto this engine's device and mapped there, with no
+host copy, `transport.jax_transfer`; an engine on other devices of the trainer's host takes the
+same path, device to device where the platform allows), then handed to the replicas as JAX
+params (`update_params`). Each replica switches at its next safe point, and every sample
+carries the version spans it was sampled with.
 
 Temperature, top-k and top-p are values per slot (each request's own), so one engine serves
 greedy evaluation and T=1 training; only whether a top-k / top-p filter exists at all is
@@ -22,7 +24,6 @@ import time
 from typing import Any
 
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from pydantic import ConfigDict
 
@@ -36,6 +37,7 @@ from rollout_engine.jax.stops import StopConfig
 from rollout_engine.jax.types import Request, SampleResult
 from transport.base import TransferError
 from transport.expected import checkpoint_tensors
+from transport.jax_transfer import JaxTransferReceiver
 from transport.manifest import Manifest, check_manifest
 
 
@@ -213,19 +215,25 @@ class JaxBackend(RolloutBackend):
             with contextlib.suppress(TransferError):
                 self._receiver.refuse(str(e))
             raise
-        host: dict[str, np.ndarray] = {}
+        host: dict[str, Any] = {}
+        if isinstance(self._receiver, JaxTransferReceiver):  # straight onto this device
+            host = await asyncio.to_thread(self._receiver.pull, manifest)
+        else:
 
-        def on_bucket(bucket: list) -> None:
-            for name, tensor in bucket:  # the buffer is reused after the callback: copy
-                host[name] = tensor.detach().to("cpu").float().numpy().copy()
+            def on_bucket(bucket: list) -> None:
+                for name, tensor in bucket:  # the buffer is reused after the callback: copy
+                    host[name] = tensor.detach().to("cpu").float().numpy().copy()
 
-        await asyncio.to_thread(self._receiver.receive, manifest, on_bucket)
+            await asyncio.to_thread(self._receiver.receive, manifest, on_bucket)
         t1 = time.perf_counter()
         cfg = self._model_cfg
         target = jnp.dtype(cfg.param_dtype)  # bfloat16 too (ml_dtypes)
         family = get_family(cfg.family)
         loaded = {}
-        for rule, array in checkpoint_to_params(family, cfg, host.__getitem__, set(host)):
+        on_device = isinstance(self._receiver, JaxTransferReceiver)  # no host round trip
+        for rule, array in checkpoint_to_params(
+            family, cfg, host.__getitem__, set(host), contiguous=not on_device
+        ):
             loaded[rule.jax] = jnp.asarray(array.astype(target))
         model = model_from_params(cfg, loaded)
         self.update_params(nnx.split(model)[1], manifest.version)
@@ -234,7 +242,8 @@ class JaxBackend(RolloutBackend):
         return UpdateStats(manifest.version, manifest.total_bytes, 0.0, t2 - t0, phases)
 
     def update_params(self, params: nnx.State, version: int) -> None:
-        """The in-process path: JAX params (``nnx.split(decoder)[1]``) of ``version``."""
+        """Hand JAX params (``nnx.split(decoder)[1]``) of ``version`` to every replica (the
+        last step of `update_weights`; also the way in for a caller holding the params)."""
         if self.engine is None:
             raise RuntimeError("the backend is not started")
         self.engine.update_weights(params, version)

@@ -127,12 +127,12 @@ class JaxrlWeightTransferEngine(WeightTransferEngine[JaxrlInitInfo, JaxrlUpdateI
                     f"version {manifest.version} is sharded for tp_size {manifest.tp_size}, "
                     f"this engine runs tp_size {tp}"
                 )
-            elif group_rank is None or tp_rank_of(group_rank, tp) != tp_rank:
+            elif group_rank is None or tp_rank_of(group_rank, tp, manifest.senders) != tp_rank:
                 # the transport unpacks by group rank, vLLM loads by its own TP rank
                 reason = (
                     f"version {manifest.version}: data-plane rank {group_rank} would receive "
                     f"the shards of another TP rank than this worker's {tp_rank} (expected a "
-                    f"collective transport with rank_offset = 1 mod {tp})"
+                    f"collective transport with rank_offset = {manifest.senders} mod {tp})"
                 )
             if reason:
                 # vote no on the data plane first: the group learns it now, not at its timeout

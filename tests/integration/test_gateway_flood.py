@@ -253,8 +253,10 @@ def _bad_token(rng: random.Random, i: int, keys) -> tuple[str, object, tuple]:
         metadata = (("authorization", f"Bearer {token}"),)
     else:  # the other role's token
         metadata = ("other",)
-    if choice == 2 and method in BOTH:
-        method, request = "Configure", gpb.ConfigureRequest()  # engine token on a trainer call
+    if choice == 2 and (method in BOTH or method == "Deregister"):
+        # both roles may make these calls (the trainer drops a dead engine without its key):
+        # an engine token on a trainer call instead
+        method, request = "Configure", gpb.ConfigureRequest()
         metadata = ("engine",)
     return method, request, metadata
 

@@ -199,6 +199,30 @@ def test_rerun_resumes_from_the_checkpoint(tmp_path):
 
 
 @pytest.mark.slow
+def test_smoke_job_over_the_shm_data_plane(tmp_path):
+    """launch.data_plane=shm: every version reaches the JAX engine through a shared-memory
+    segment in a fresh /dev/shm folder, exactly (at max_lag 0 the fp32 engine's lag-0
+    sampler_kl stays below 1e-6 while weight decay moves the weights every step, as in the
+    file-delta test below), and the run leaves nothing in /dev/shm."""
+    shm = Path("/dev/shm")
+    before = {p.name for p in shm.glob("jaxrl-*")}
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        smoke_command(run_dir, "rollout.backend=jax", "eval.size=0", "rollout.max_lag=0",
+                      "optim.weight_decay=50", "launch.data_plane=shm"),
+        cwd=REPO, env=child_env(tmp_path), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = jsonl_rows(run_dir / "metrics.jsonl")
+    assert [(r["step"], r["version"]) for r in metrics] == [(s, s) for s in range(1, STEPS + 1)]
+    lag0 = [r["train/gap/lag0/sampler_kl"] for r in metrics]
+    assert all(0 <= x < 1e-6 for x in lag0), lag0
+    assert {p.name for p in shm.glob("jaxrl-*")} == before  # segments and folder unlinked
+    summary = json.loads((run_dir / "job_summary.json").read_text())
+    assert list(summary["engine_versions"].values()) == [STEPS]
+
+
+@pytest.mark.slow
 def test_smoke_job_over_the_file_data_plane_with_deltas(tmp_path):
     """launch.data_plane=file with file_delta: versions 1 and 3 are keyframes, 2 and 4 deltas
     (file_full_every=2), and the engine holds the trainer's weights exactly at each version:

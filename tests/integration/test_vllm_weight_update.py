@@ -250,6 +250,55 @@ def test_file_deltas_update_the_engine_exactly(world, tmp_path):
         assert sent.wire_bytes == sum(chain["stored_bytes"])
 
 
+def test_shm_update_serves_what_a_gloo_update_serves(world):
+    """The shm data plane (`transport.shm`): B through a shared-memory segment serves, token
+    for token and log-prob for log-prob, what B over gloo serves; a stale segment (another
+    version's bytes) is refused and the engine keeps serving the version it holds."""
+    import os
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from transport.shm import ShmSender, segment_path
+
+    backend = world["backend"]
+    world["sender"].close()
+    world["sender"] = gloo = H.Sender()
+    run(world, backend.connect_transport(_gloo(gloo)))
+    v = backend.weight_version + 1
+    stats, (kind, rest) = push(world, "B", v, 1 << 16)
+    assert kind == "done", rest
+    sampled = _prompt("s", PROMPTS[2], 2, max_new_tokens=12, temperature=0.7, seed=7)
+
+    def served():
+        tokens = [greedy(world, p)[0] for p in PROMPTS]
+        samples = run(world, backend.generate(sampled))
+        return tokens, [(list(x.token_ids), list(x.logprobs)) for x in samples]
+
+    over_gloo = served()
+    stats, (kind, rest) = push(world, "A", v + 1, 1 << 20)  # the shm push must change them
+    assert kind == "done", rest
+    assert served()[0] != over_gloo[0]
+    root = f"/dev/shm/jaxrl-test-{os.getpid()}"
+    run(world, backend.connect_transport({"kind": "shm", "root": root, "timeout_s": 20}))
+    sender = ShmSender(root)
+    try:
+        state = load_file(str(world["B"] / "model.safetensors"))
+        shapes = [(n, tuple(t.shape)) for n, t in state.items()]
+        man = Manifest.of(v + 2, shapes, "float32", 1 << 16)
+        assert sender.send(man, state.items()).num_buckets == len(man.buckets()) > 5
+        assert run(world, backend.update_weights(man)).version == v + 2
+        assert served() == over_gloo  # exact: the same bytes loaded
+        os.rename(segment_path(root, v + 2), segment_path(root, v + 3))
+        with pytest.raises(Exception, match="stale segment: it holds version"):
+            run(world, backend.update_weights(dataclasses.replace(man, version=v + 3)))
+        assert backend.weight_version == v + 2
+        assert served() == over_gloo
+    finally:
+        sender.close()  # v + 2 (renamed away) is not there to unlink: the renamed file stays
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def test_sender_dying_mid_update_stops_serving_until_a_whole_version(world):
     backend = world["backend"]
     world["sender"].close()

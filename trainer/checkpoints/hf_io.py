@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 from jax.sharding import Mesh
 from safetensors import safe_open
@@ -26,6 +27,13 @@ from trainer.models.config import ModelConfig
 from trainer.models.decoder import Decoder
 from trainer.models.params import flat_params, model_from_params
 from trainer.sharding import param_sharding, place
+
+#: safetensors dtype names -> the numpy dtype of a view (`CheckpointReader.view`).
+_VIEW_DTYPES: dict[str, Any] = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+    "BOOL": np.bool_,
+}  # fmt: skip
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -46,6 +54,7 @@ class CheckpointReader:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._handles: dict[Path, Any] = {}
+        self._maps: dict[Path, tuple[np.ndarray, int, dict[str, Any]]] = {}
         index = self.path / "model.safetensors.index.json"
         if index.exists():
             weight_map = json.loads(index.read_text())["weight_map"]
@@ -89,6 +98,32 @@ class CheckpointReader:
         with safe_open(file, framework="flax") as f:
             return np.asarray(f.get_tensor(name))
 
+    def view(self, name: str) -> np.ndarray:
+        """One tensor as a read-only view of its bytes in the memory-mapped file: nothing is
+        read until its elements are (then only the pages they sit on). Layout from the
+        safetensors header (8-byte little-endian header length, JSON header, data:
+        https://github.com/huggingface/safetensors#format).
+
+        Raises:
+            KeyError: the name is not in the checkpoint. ValueError: a dtype numpy has no
+                view of (the dtype named).
+        """
+        if name not in self.files:
+            raise KeyError(f"tensor {name} is not in checkpoint {self.path}")
+        file = self.files[name]
+        if file not in self._maps:
+            with file.open("rb") as f:
+                size = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(size))
+            self._maps[file] = (np.memmap(file, dtype=np.uint8, mode="r"), 8 + size, header)
+        raw, base, header = self._maps[file]
+        entry = header[name]
+        dtype = _VIEW_DTYPES.get(entry["dtype"])
+        if dtype is None:
+            raise ValueError(f"{name}: no numpy view of safetensors dtype {entry['dtype']}")
+        start, stop = (base + int(x) for x in entry["data_offsets"])
+        return raw[start:stop].view(dtype).reshape(entry["shape"])
+
 
 def read_hf_config(path: str | Path) -> dict[str, Any]:
     """The parsed `config.json` of an HF folder. Raises FileNotFoundError naming the path."""
@@ -113,9 +148,11 @@ def load_hf_checkpoint(
         dtype: compute dtype; param_dtype: storage dtype (default: dtype).
         mesh: if given, a ("dp", "fsdp") mesh, possibly over several processes; each param is
             placed with FSDP sharding as it is read (see trainer.sharding), never whole on one
-            device first, and each process puts on its devices only the slices they hold
-            (`trainer.sharding.place`; every process still reads each tensor whole from the
-            memory-mapped file, one tensor at a time).
+            device first, and each process copies out of the memory-mapped file only the
+            slices its devices hold, cast one slice at a time (`CheckpointReader.view`, the
+            mapping's layout change as a numpy view, `trainer.sharding.place`); no process
+            holds a whole tensor of its own, except where the layout change cannot be a view
+            (a padded axis) or a param is replicated (under `min_shard_bytes`).
         min_shard_bytes: params smaller than this are replicated.
 
     Returns:
@@ -130,13 +167,14 @@ def load_hf_checkpoint(
     family = get_family(cfg.family)
     target = jnp.dtype(cfg.param_dtype)
     loaded: dict[str, jax.Array] = {}
-    for rule, array in checkpoint_to_params(family, cfg, reader.read, reader.names()):
-        host = array.astype(target, copy=False)
-        if mesh is None:
-            loaded[rule.jax] = jnp.asarray(host)
-        else:
-            sharding = param_sharding(host.shape, host.dtype, mesh, min_shard_bytes)
-            loaded[rule.jax] = place(host, sharding)
+    if mesh is None:
+        for rule, array in checkpoint_to_params(family, cfg, reader.read, reader.names()):
+            loaded[rule.jax] = jnp.asarray(array.astype(target, copy=False))
+        return cfg, model_from_params(cfg, loaded)
+    views = checkpoint_to_params(family, cfg, reader.view, reader.names(), contiguous=False)
+    for rule, view in views:
+        sharding = param_sharding(view.shape, target, mesh, min_shard_bytes)
+        loaded[rule.jax] = place(view, sharding, target)
     return cfg, model_from_params(cfg, loaded)
 
 

@@ -13,12 +13,19 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
 from gateway import messages as m
 from trainer.launch.job_config import JobConfig
-from transport.config import FileTransportConfig, GlooTransportConfig, NcclTransportConfig
+from transport.config import (
+    FileTransportConfig,
+    GlooTransportConfig,
+    JaxTransferTransportConfig,
+    NcclTransportConfig,
+    ShmTransportConfig,
+)
 
 
 def resolve_accelerator(job: JobConfig) -> str:
@@ -30,13 +37,16 @@ def resolve_accelerator(job: JobConfig) -> str:
 
 
 def resolve_data_plane(job: JobConfig) -> str:
-    """The weight transport, "gloo", "nccl" or "file" (launch.data_plane; auto: nccl when every
-    engine is vLLM on GPUs, gloo otherwise: the JAX engine and every CPU run use gloo). The one
+    """The weight transport, "gloo", "nccl", "file", "shm" or "jax_transfer" (launch.data_plane;
+    auto: nccl
+    when every engine is vLLM on GPUs, gloo otherwise: the JAX engine and every CPU run use
+    gloo). The one
     answer for every side of the run: the gateway's `--transport`, the settings the trainer
     configures (`run_settings`), each engine's `--transports` and the trainer's sender.
 
     Raises:
-        ValueError: nccl asked for without every engine being vLLM on GPUs.
+        ValueError: nccl asked for without every engine being vLLM on GPUs, or jax_transfer
+            without every engine being a JAX engine.
     """
     dp = job.launch.data_plane
     gpu_vllm = resolve_accelerator(job) == "gpu" and set(job.backends) == {"vllm"}
@@ -46,6 +56,11 @@ def resolve_data_plane(job: JobConfig) -> str:
         raise ValueError(
             "launch.data_plane=nccl needs every engine to be vLLM on GPUs; got accelerator "
             f"{resolve_accelerator(job)} and engine backends {list(job.backends)}"
+        )
+    if dp == "jax_transfer" and set(job.backends) != {"jax"}:
+        raise ValueError(
+            "launch.data_plane=jax_transfer needs every engine to be a JAX engine; got engine "
+            f"backends {list(job.backends)}"
         )
     return dp
 
@@ -65,17 +80,34 @@ def run_settings(job: JobConfig, family: str) -> m.RunSettings:
 
 def data_plane_config(
     job: JobConfig,
-) -> GlooTransportConfig | NcclTransportConfig | FileTransportConfig:
+) -> (
+    GlooTransportConfig
+    | NcclTransportConfig
+    | FileTransportConfig
+    | ShmTransportConfig
+    | JaxTransferTransportConfig
+):
     """The trainer's data-plane settings: launch.data_plane_host, _port, _port_count,
     _timeout_s and tp_shards; NCCL (its buffers on the trainer's first GPU) when
     `resolve_data_plane` says so, else gloo; with launch.data_plane=file the folder
     (launch.data_plane_root, default RUN_DIR/weights), the receivers' wait (_timeout_s) and
-    launch.file_delta / file_full_every.
+    launch.file_delta / file_full_every; with launch.data_plane=shm the segments' folder
+    (launch.data_plane_root, default a new /dev/shm/jaxrl-PID-HEX: a name no other run
+    holds) and the receivers' wait; with launch.data_plane=jax_transfer the transfer
+    servers' host (data_plane_host) and the receivers' wait (each trainer process's server
+    address is filled in at the start, `trainer.leader.with_transfer_servers`).
 
     Raises:
         ValueError: as `resolve_data_plane`.
     """
     launch = job.launch
+    if resolve_data_plane(job) == "jax_transfer":
+        return JaxTransferTransportConfig(
+            host=launch.data_plane_host, timeout_s=launch.data_plane_timeout_s
+        )
+    if resolve_data_plane(job) == "shm":
+        root = launch.data_plane_root or f"/dev/shm/jaxrl-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        return ShmTransportConfig(root=root, timeout_s=launch.data_plane_timeout_s)
     if resolve_data_plane(job) == "file":
         root = launch.data_plane_root or str(job.run_dir.absolute() / "weights")
         return FileTransportConfig(
@@ -198,11 +230,21 @@ def engine_argv(
     job: JobConfig, index: int, address: str, token_file: Path, model: Path, max_model_len: int
 ) -> list[str]:
     """``python -m rollout_engine ...`` of engine `index` (`max_model_len`: prompt + new tokens
-    positions the engine must hold)."""
+    positions the engine must hold), under ``taskset -c CPUS`` when launch.engine_cpus is set.
+
+    Raises:
+        ValueError: launch.engine_cpus is set and no ``taskset`` is on PATH.
+    """
     launch, rollout = job.launch, job.run.rollout
     backend = job.backend_of(index)
+    pin: list[str] = []
+    if launch.engine_cpus:
+        taskset = shutil.which("taskset")
+        if taskset is None:
+            raise ValueError("launch.engine_cpus needs taskset (util-linux) on PATH; found none")
+        pin = [taskset, "-c", launch.engine_cpus]
     argv = [
-        sys.executable, "-m", "rollout_engine", "--backend", backend,
+        *pin, sys.executable, "-m", "rollout_engine", "--backend", backend,
         "--gateway", address, "--token-file", str(token_file), "--model", str(model),
         "--dtype", job.engine_dtype, "--transports", resolve_data_plane(job),
         "--name", f"engine{index}",

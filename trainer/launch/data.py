@@ -46,6 +46,7 @@ def load_file_problems(job: JobConfig, path: str | Path, limit: int | None = Non
     return load_jsonl_problems(
         path, template=d.prompt_template, answer_field=d.answer_field,
         answer_form=d.answer_form, answer_regex=d.answer_regex, limit=limit, suffix=d.suffix,
+        max_new_tokens_field=d.max_new_tokens_field if d.source == "jsonl" else "",
     )  # fmt: skip
 
 
@@ -84,10 +85,18 @@ def load_job_data(job: JobConfig) -> JobData:
 
     Raises:
       FileNotFoundError: a data file is missing; ValueError: eval.size takes every line of the
-        file, a row lacking a field (file:line and the field), an unknown data.verifier;
+        file, a row lacking a field (file:line and the field), a problem's budget
+        (data.max_new_tokens_field) above rollout.max_new_tokens, an unknown data.verifier;
         reasoning-gym's error for a bad task or config.
     """
     data = _reasoning_gym(job) if job.data.source == "reasoning_gym" else _from_files(job)
+    cap = job.run.rollout.max_new_tokens
+    for p in (*data.train, *data.held_out):
+        if p.max_new_tokens is not None and p.max_new_tokens > cap:
+            raise ValueError(
+                f"problem {p.problem_id}: data.max_new_tokens_field asks {p.max_new_tokens} new "
+                f"tokens; expected at most rollout.max_new_tokens={cap}"
+            )
     name = job.data.verifier
     if name is None:
         return data

@@ -24,7 +24,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from trainer.config import Config, ConfigError, load_config, read_yaml
 from trainer.rewards.answer_forms import AnswerForm
@@ -68,6 +75,10 @@ class DataSection(_Section):
     boxed (the last \\boxed{}), regex (answer_regex's match, its group 1 if any) or auto."""
     answer_regex: str = ""
     """source=jsonl, answer_form=regex: the pattern."""
+    max_new_tokens_field: str = ""
+    """source=jsonl: the row's field holding that problem's own completion budget for training
+    rollouts (an integer 1..rollout.max_new_tokens, sent as the prompt's max_new_tokens: a
+    per-prompt length mix); empty: every prompt gets rollout.max_new_tokens."""
     limit: int | None = Field(default=None, ge=1)
     """source=gsm8k or jsonl: rows read from the top of each file; None: all."""
     verifier: str | None = None
@@ -178,13 +189,20 @@ class LaunchSection(_Section):
     data_plane_port..data_plane_port+data_plane_port_count-1."""
     data_plane_timeout_s: float = Field(default=300.0, gt=0)
     """Seconds allowed for the data plane's rendezvous and for each of its collectives."""
-    data_plane: Literal["auto", "gloo", "nccl", "file"] = "auto"
+    data_plane: Literal["auto", "gloo", "nccl", "file", "shm", "jax_transfer"] = "auto"
     """Weight transport: auto is nccl when the accelerator is gpu and the engines are vLLM
     (buckets move GPU to GPU, each TP rank receiving only its shard), else gloo (TCP). file:
     each version as files in data_plane_root, a folder every engine sees at the same path (a
-    shared filesystem: engines far from the trainer)."""
+    shared filesystem: engines far from the trainer). shm: each version as one shared-memory
+    segment in data_plane_root (a tmpfs) that the engines map: every engine on the
+    trainer's host (`transport.shm`). jax_transfer: every trainer process serves its own
+    shards through `jax.experimental.transfer` and each JAX engine pulls them onto its device
+    (ICI/DCN on TPU, device to device on GPU, TCP on CPU; JAX engines only,
+    `transport.jax_transfer`)."""
     data_plane_root: str = ""
-    """With data_plane=file: the shared folder of the versions; empty: RUN_DIR/weights."""
+    """With data_plane=file: the shared folder of the versions; empty: RUN_DIR/weights. With
+    data_plane=shm: the segments' folder on a tmpfs; empty: a new /dev/shm/jaxrl-PID-HEX,
+    unlinked when the trainer closes its data plane."""
     file_delta: bool = False
     """With data_plane=file: write each version as a zstd-compressed delta against the one
     before it, a whole version every file_full_every (`transport.file_delta`)."""
@@ -212,6 +230,18 @@ class LaunchSection(_Section):
     """vLLM: KV cache GiB (VLLM_CPU_KVCACHE_SPACE on CPU)."""
     engine_env: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables of every engine process."""
+    engine_cpus: str = Field(default="", pattern=r"^(\d+(-\d+)?(,\d+(-\d+)?)*)?$")
+    """CPU cores every engine process is pinned to, a Linux CPU list ("0", "0-3,6"): its command
+    runs under ``taskset -c`` (util-linux), so all its threads inherit the mask; empty: no
+    pinning (the cores the launcher has). The trainer stays on the launcher's cores: run the
+    job itself under ``taskset -c`` to pin it (``benchmarks/async_vs_sync.py`` does both)."""
+
+    @field_validator("engine_cpus", mode="before")
+    @classmethod
+    def _one_core_as_text(cls, value: Any) -> Any:
+        """``launch.engine_cpus=0`` reads as the int 0: take one core number as its text."""
+        return str(value) if type(value) is int else value
+
     start_timeout_s: float = Field(default=600.0, gt=0)
     """Most seconds to wait for every engine to register."""
     stop_timeout_s: float = Field(default=30.0, gt=0)

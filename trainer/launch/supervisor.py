@@ -196,11 +196,11 @@ class EngineSupervisor:
         tmp.replace(self._path)
 
 
-def deregister_dead(trainer: Any, engine: Any) -> Callable[[str], None]:
-    """An `on_death` for the main job: deregister every gateway engine registered under the
-    dead child's name (the launcher names engine i "engine{i}"), with the run's engine-role
-    client `engine`; `trainer` is its trainer-role client (for the status). A name the gateway
-    no longer lists (it noticed first) is a no-op.
+def deregister_dead(trainer: Any) -> Callable[[str], None]:
+    """An `on_death` for the main job: drop from the gateway every engine registered under the
+    dead child's name (the launcher names engine i "engine{i}"), through the run's trainer-role
+    client (`GatewayClient.drop_engine`: the trainer needs no engine key for it). A name the
+    gateway no longer lists (it noticed first) is a no-op.
     """
     from gateway.errors import GatewayError
 
@@ -208,10 +208,10 @@ def deregister_dead(trainer: Any, engine: Any) -> Callable[[str], None]:
         for e in trainer.status().engines:
             if e.name == name:
                 try:
-                    n = engine.deregister(e.engine_id)
+                    n = trainer.drop_engine(e.engine_id)
                 except GatewayError as err:  # dropped meanwhile
-                    log.info("deregistering dead %s (%s): %s", name, e.engine_id, err)
+                    log.info("dropping dead %s (%s): %s", name, e.engine_id, err)
                     continue
-                log.warning("deregistered dead %s (%s): %d prompts requeued", name, e.engine_id, n)
+                log.warning("dropped dead %s (%s): %d prompts requeued", name, e.engine_id, n)
 
     return on_death

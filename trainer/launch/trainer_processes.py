@@ -24,9 +24,11 @@ What the launcher does while they run (`run_trainer_processes`):
   naming it (its id, pid, exit status, log), after which `ProcessSet` stops every child.
 Process 0 writes its result (the job summary's fields) to ``RUN_DIR/trainer_result.json``.
 
-Limits of this slice: every push gathers the whole model onto every process and process 0
-sends it (`trainer.leader.gather_params`; issue 13 item 2 replaces it), and every process
-loads the whole checkpoint before placing its slices.
+Pushes: over gloo or NCCL every trainer process sends its own blocks of each version
+(`transport.fan_in`, `trainer.publish.local_shards`, `trainer.publish.co_sender`); over the
+file or shm data plane the params are gathered onto every process and process 0 writes them
+(`trainer.leader.gather_params`). Loading: every process memory-maps the safetensors and
+copies out only the slices its devices hold (`trainer.checkpoints.hf_io.load_hf_checkpoint`).
 """
 
 from __future__ import annotations
@@ -127,7 +129,6 @@ def run_trainer_processes(
       RuntimeError: fewer than launch.min_engines engines serve; process 0 wrote no result.
       KeyboardInterrupt: a second SIGINT/SIGTERM (a forced stop).
     """
-    from gateway.client import GatewayClient
     from trainer.launch.supervisor import EngineSupervisor, deregister_dead
 
     launch, run_dir = job.launch, job.run_dir.absolute()
@@ -135,30 +136,29 @@ def run_trainer_processes(
     result_path.unlink(missing_ok=True)
     coordinator = f"127.0.0.1:{free_port()}"
     names = [NAME.format(i) for i in range(launch.trainer_processes)]
-    supervisor, engine_client = None, None
+    supervisor = None
     try:
         for i, name in enumerate(names):
             argv = worker_argv(job, i, coordinator, address, token_file, model_path, result_path)
             procs.start(name, argv, worker_env(job, i, os.environ), inherit_output=i == 0)
         if not launch.gateway:
-            engine_client = GatewayClient.from_token_file(address, token_file, "engine")
             supervisor = EngineSupervisor(
                 procs, [f"engine{i}" for i in range(launch.num_engines)],
                 restart=launch.restart_engines, max_restarts=launch.max_restarts,
                 backoff_s=launch.restart_backoff_s, backoff_max_s=launch.restart_backoff_max_s,
-                min_engines=launch.min_engines, on_death=deregister_dead(client, engine_client),
+                min_engines=launch.min_engines, on_death=deregister_dead(client),
             ).start()  # fmt: skip
         with interrupt.graceful():
             _wait(procs, names, supervisor, launch.min_engines)
     finally:
         if supervisor is not None:
             supervisor.stop()
-        if engine_client is not None:
-            engine_client.close()
     if not result_path.exists():
         raise RuntimeError(f"trainer process 0 exited with status 0 but wrote no {result_path}")
     result = json.loads(result_path.read_text())
     result["trainer_processes"] = launch.trainer_processes
+    # the engines are the launcher's children here: its supervisor restarted them, not process 0
+    result["engine_restarts"] = dict(supervisor.restarts) if supervisor is not None else {}
     return dict(result)
 
 

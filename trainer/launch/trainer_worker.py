@@ -1,9 +1,19 @@
-"""One trainer process of a ``launch.trainer_processes=P`` job (started by
-`trainer.launch.trainer_processes`, never by hand).
+"""One trainer process of a job whose trainer runs as several processes.
 
-``python -m trainer.launch.trainer_worker --config RUN_DIR/config.yaml --run-dir RUN_DIR
---process-id I --num-processes P --coordinator 127.0.0.1:PORT --gateway HOST:PORT
---token-file FILE --model PATH --result FILE``
+Two ways it starts:
+- on one machine, by the launcher of a ``launch.trainer_processes=P`` job
+  (`trainer.launch.trainer_processes`): ``python -m trainer.launch.trainer_worker --config
+  RUN_DIR/config.yaml --run-dir RUN_DIR --process-id I --num-processes P --coordinator
+  127.0.0.1:PORT --gateway HOST:PORT --token-file FILE --model PATH --result FILE``;
+- on a cluster, by hand on every trainer host (e.g. one task per host under ``srun``), the
+  gateway and engines started on their own hosts (README, "Running on separate hosts"):
+  the same command without ``--process-id``, ``--num-processes`` and ``--coordinator``, so
+  `jax.distributed.initialize` takes them from the environment it detects (``--cluster
+  slurm`` | ``ompi`` | ``mpi4py`` | ... names the detector; by default JAX tries each), and
+  ``--result`` defaults to ``RUN_DIR/trainer_result.json``; config overrides (``key=value``,
+  as ``python -m trainer train`` takes them) follow the flags. The process that JAX numbers 0
+  leads, and first sets the run's settings at the gateway (family, dtype, data plane,
+  backends: what the launcher does before it starts its workers).
 
 Joins the group (`trainer.distributed`, `launch.trainer_devices` local devices on CPU), then:
 process 0 runs the single-process training path (`trainer.launch.training.train_and_evaluate`)
@@ -32,14 +42,20 @@ from pathlib import Path
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m trainer.launch.trainer_worker")
     ap.add_argument("--config", required=True, help="the job's RUN_DIR/config.yaml")
-    ap.add_argument("--run-dir", required=True)
-    ap.add_argument("--process-id", type=int, required=True)
-    ap.add_argument("--num-processes", type=int, required=True)
-    ap.add_argument("--coordinator", required=True, help="HOST:PORT of process 0's service")
+    ap.add_argument("--run-dir", default=None, help="default: the config's run_dir")
+    ap.add_argument("--process-id", type=int, default=None, help="default: from the cluster")
+    ap.add_argument("--num-processes", type=int, default=None, help="default: from the cluster")
+    ap.add_argument(
+        "--coordinator", default=None, help="HOST:PORT of process 0's service (default: cluster)"
+    )
+    ap.add_argument(
+        "--cluster", default=None, help="jax.distributed's cluster detector (slurm, ompi, ...)"
+    )
     ap.add_argument("--gateway", required=True, help="HOST:PORT of the gateway")
     ap.add_argument("--token-file", required=True)
     ap.add_argument("--model", required=True, help="the resolved HF checkpoint folder")
-    ap.add_argument("--result", required=True, help="process 0 writes its result here")
+    ap.add_argument("--result", default=None, help="process 0 writes its result here (RUN_DIR/...)")
+    ap.add_argument("overrides", nargs="*", help="config overrides, key=value (as `train`)")
     return ap
 
 
@@ -50,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.launch.job_config import load_job_config
 
     try:
-        job = load_job_config(args.config, [f"run_dir={args.run_dir}"])
+        run_dir = [f"run_dir={args.run_dir}"] if args.run_dir else []
+        job = load_job_config(args.config, [*args.overrides, *run_dir])
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
@@ -59,21 +76,23 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.launch.commands import resolve_accelerator
 
     cpu = resolve_accelerator(job) == "cpu"
-    initialize(
+    index, _ = initialize(
         ProcessGroup(
             num_processes=args.num_processes,
             process_id=args.process_id,
             coordinator=args.coordinator,
             local_devices=job.launch.trainer_devices if cpu else None,
             platform="cpu" if cpu else "gpu",
+            cluster_detection_method=args.cluster,
         )
     )
+    args.result = args.result or str(job.run_dir.absolute() / "trainer_result.json")
     model_path = Path(args.model)
-    if args.process_id == 0:
+    if index == 0:
         _lead(job, args, model_path)
     else:
         try:
-            _follow(job, args.process_id, model_path)
+            _follow(job, index, model_path)
         except BaseException:  # leave at once: waiting at JAX's shutdown barrier would hide it
             traceback.print_exc()
             sys.stderr.flush()
@@ -84,11 +103,26 @@ def main(argv: list[str] | None = None) -> int:
 
 def _follow(job, process_id: int, model_path: Path) -> None:  # noqa: ANN001
     """A follower: the same parts as process 0, then its ops until "stop"."""
+    from trainer.launch.commands import data_plane_config
     from trainer.launch.training import build_parts
-    from trainer.leader import follow
+    from trainer.leader import follow, with_transfer_servers
+    from trainer.publish.co_sender import FollowerSends
+    from transport.config import JaxTransferTransportConfig, serves_blocks
 
     parts = build_parts(job, model_path)
-    steps, reason = follow(parts.step, parts.state, parts.checkpointer)
+    sends = None
+    transport = with_transfer_servers(data_plane_config(job))  # jax_transfer: its address
+    if serves_blocks(transport):  # this process sends its own blocks of each push
+        log_path = job.run_dir.absolute() / "logs" / f"trainer{process_id}_sends.jsonl"
+        sends = FollowerSends(
+            parts.model_cfg.family, parts.model_cfg, job.engine_dtype, process_id, log_path,
+            on_device=isinstance(transport, JaxTransferTransportConfig),
+        )  # fmt: skip
+    try:
+        steps, reason = follow(parts.step, parts.state, parts.checkpointer, sends)
+    finally:
+        if sends is not None:
+            sends.close()
     parts.checkpointer.close()
     print(
         f"trainer process {process_id}: {steps} steps; process 0 stopped: {reason}",
@@ -113,6 +147,13 @@ def _lead(job, args: argparse.Namespace, model_path: Path) -> None:  # noqa: ANN
     data = load_job_data(job)
     encode = make_encoder(tokenizer, job.data.system_prompt)
     client = GatewayClient.from_token_file(args.gateway, args.token_file, "trainer", margin_s=10.0)
+    if args.coordinator is None:  # started by hand on a cluster: no launcher configured the run
+        from trainer.checkpoints.hf_io import read_hf_config
+        from trainer.launch.commands import run_settings
+        from trainer.models.config import ModelConfig
+
+        client.wait_ready(30.0)
+        client.configure(run_settings(job, ModelConfig.from_hf(read_hf_config(model_path)).family))
     try:
         with Leader() as leader:  # the followers stop on every way out, told why
             result = train_and_evaluate(

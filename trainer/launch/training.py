@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from gateway import messages as m
@@ -40,7 +41,13 @@ from trainer.launch.report import Reporter, plot_metrics, read_metrics
 from trainer.launch.stack import wait_for_engines
 from trainer.launch.supervisor import EngineSupervisor, deregister_dead
 from trainer.launch.wandb_log import WandbLogger
-from trainer.leader import Leader, LeaderCheckpointer, LeaderPublisher, LeaderStep
+from trainer.leader import (
+    Leader,
+    LeaderCheckpointer,
+    LeaderPublisher,
+    LeaderStep,
+    with_transfer_servers,
+)
 from trainer.loop import AsyncTrainer
 from trainer.positions import ConsumedPositions, PositionLedger
 from trainer.publish import WeightPublisher
@@ -50,6 +57,7 @@ from trainer.rollout_source import RolloutSource
 from trainer.run_files import next_attempt
 from trainer.sharding import make_mesh, mesh_devices
 from trainer.train_step import TrainStep
+from transport.config import serves_blocks
 
 
 def _sampling(job: JobConfig, temperature: float, new_tokens: int) -> m.SamplingParams:
@@ -137,24 +145,23 @@ def train_and_evaluate(
         client, launch.num_engines, launch.start_timeout_s, None if launch.gateway else procs
     )
     own_engines = procs is not None and not launch.gateway
-    transport = data_plane_config(job)
+    transport = with_transfer_servers(data_plane_config(job))  # jax_transfer: addresses
+    fan_in = leader is not None and serves_blocks(transport)  # every trainer process sends
     publisher = WeightPublisher(
         client, transport, model_cfg.family, model_cfg, job.engine_dtype,
-        min_engines=launch.min_engines,
+        min_engines=launch.min_engines, senders=jax.process_count() if fan_in else 1,
+        announce=leader.announce if fan_in and leader is not None else None,
     )  # fmt: skip
     if launch.restart_engines:  # a restarted engine gets the current version between pushes
         publisher.start_catch_up()
-    supervisor, engine_client = None, None
+    supervisor = None
     if own_engines and procs is not None:  # the engines are ours: restart the ones that die
-        engine_client = GatewayClient.from_token_file(
-            client.address, run_dir / "tokens.txt", "engine"
-        )
         supervisor = EngineSupervisor(
             procs, [f"engine{i}" for i in range(launch.num_engines)],
             restart=launch.restart_engines, max_restarts=launch.max_restarts,
             backoff_s=launch.restart_backoff_s, backoff_max_s=launch.restart_backoff_max_s,
             min_engines=launch.min_engines,
-            on_death=deregister_dead(client, engine_client),
+            on_death=deregister_dead(client),
         ).start()  # fmt: skip
     reporter = Reporter(
         run_dir, cfg.trainer.steps, int(state.step), show_bar=launch.progress, wandb=wandb
@@ -242,8 +249,6 @@ def train_and_evaluate(
     finally:
         if supervisor is not None:
             supervisor.stop()
-        if engine_client is not None:
-            engine_client.close()
         reporter.close()
         publisher.close()
         checkpointer.close()

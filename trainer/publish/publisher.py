@@ -19,6 +19,13 @@
    shards when the param is split over devices (`transport.sharded`);
 5. waits until every engine acknowledged "loaded".
 
+Over jax_transfer (`transport.jax_transfer`) step 4 is different: the engine tensors are made
+in JAX and stay on the trainer's devices, one block per distinct shard
+(`local_shards.local_blocks`, as with several trainer processes; the manifest names each
+block's sender and box), and the sender schedules one pull of them per engine; each engine
+pulls them onto its own device, and step 5's "loaded" acks are the commit. The plan carries
+the senders' server addresses and the group generation (part of every pull id).
+
 Elastic pushes. A push goes to the engines registered when it starts (at least `min_engines`;
 it waits up to `ready_timeout_s` for them, so a restarted engine can come back). An engine
 that dies during it is dropped from it and the version commits on the rest:
@@ -58,7 +65,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,12 +77,19 @@ from gateway.errors import GatewayError
 from mappings.apply import params_to_engine
 from mappings.registry import get_family
 from mappings.spec import Family, expand
-from trainer.publish.host_views import HostView, flat_of, on_one_cpu
+from trainer.publish.host_views import HostView, flat_of
+from trainer.publish.local_shards import LocalBlocks, engine_arrays, local_blocks
 from trainer.publish.waits import EngineWaits, MembersLost, PushError, gone_from, ids_of
 from transport.base import SendStats, TransferError, WeightSender
 from transport.collective import CollectiveSender
-from transport.config import FileTransportConfig, TransportConfig
+from transport.config import (
+    JaxTransferTransportConfig,
+    TransportConfig,
+    is_collective,
+    serves_blocks,
+)
 from transport.factory import make_sender
+from transport.jax_transfer import JaxTransferSender
 from transport.manifest import Manifest
 from transport.sync_plan import SyncPlan
 
@@ -100,6 +114,8 @@ class PushStats:
             its own shards); 1 when every rank received whole tensors.
         dropped: engines that were alive when the push began and left during it.
         attempts: data-plane groups it took (1 + the re-plans after members died).
+        sent_bytes: payload bytes this process sent in the attempt that committed (a
+            broadcast counted once; with several trainer processes, only its own blocks).
     """
 
     version: int
@@ -114,6 +130,7 @@ class PushStats:
     tp_size: int = 1
     dropped: tuple[str, ...] = ()
     attempts: int = 1
+    sent_bytes: int = 0
 
     @property
     def gb_per_s(self) -> float:
@@ -144,6 +161,12 @@ class WeightPublisher:
         settle_s: most seconds a re-plan waits for the survivors to end the broken attempt.
         peer_grace_s: most seconds a data-plane error waits for the gateway to drop the dead
             member (its connection broke), so the error can name it.
+        senders: trainer processes that send each version together (fan-in,
+            `transport.fan_in`); above 1 this is process 0's publisher, pushes go through
+            `push_blocks`, and the transport must be one every process sends on (gloo,
+            NCCL, jax_transfer: `transport.config.serves_blocks`).
+        announce: with `senders` > 1, called with each plan right after it is published,
+            to have the other processes join the group as senders (`trainer.leader`).
 
     Raises:
         ValueError: an unknown wire dtype, min_engines or max_attempts < 1.
@@ -164,9 +187,17 @@ class WeightPublisher:
         max_attempts: int = 4,
         settle_s: float = 30.0,
         peer_grace_s: float = 5.0,
+        senders: int = 1,
+        announce: Callable[[SyncPlan], None] | None = None,
     ) -> None:
         if dtype not in WIRE_DTYPES:
             raise ValueError(f"dtype: expected one of {WIRE_DTYPES}, got {dtype!r}")
+        if senders > 1 and (not serves_blocks(transport) or announce is None):
+            raise ValueError(
+                f"senders={senders}: several trainer processes send over gloo, nccl or "
+                f"jax_transfer only, "
+                f"with an announce callback (got transport {transport.kind!r})"
+            )
         if min_engines < 1 or max_attempts < 1:
             raise ValueError(
                 f"min_engines, max_attempts: expected >= 1, got {min_engines}, {max_attempts}"
@@ -178,7 +209,7 @@ class WeightPublisher:
         self.cfg = cfg
         self.dtype = dtype
         self.waits = EngineWaits(
-            client, not isinstance(transport, FileTransportConfig), min_engines,
+            client, is_collective(transport), min_engines,
             ready_timeout_s, loaded_timeout_s, settle_s, peer_grace_s,
         )  # fmt: skip
         self.jax_dims = dict(jax_dims or {})
@@ -194,6 +225,11 @@ class WeightPublisher:
         self._keep_last = False
         self._catch_up_stop = threading.Event()
         self._catch_up_thread: threading.Thread | None = None
+        self.senders = senders
+        self._announce = announce
+        self._blocks: LocalBlocks | None = None
+        # jax_transfer serves blocks on the trainer's devices, one process or several
+        self._by_blocks = isinstance(transport, JaxTransferTransportConfig)
 
     def start_catch_up(self, interval_s: float = 0.5) -> None:
         """From now on keep a host copy of each pushed version (its engine tensors in the
@@ -293,11 +329,30 @@ class WeightPublisher:
             GatewayError: the gateway refused the publication (e.g. a version not above the
                 current one).
         """
+        if self.senders > 1:
+            raise TypeError("a publisher of several senders pushes with push_blocks")
         params = flat_of(model_or_params)
+        if self._by_blocks:  # this process's blocks stay on its devices (jax_transfer)
+            tensors = engine_arrays(self.family, self.cfg, params, self.dtype, self.jax_dims)
+            return self.push_blocks(local_blocks(tensors, version, 0, on_device=True))
         with self._lock:
             stats = self._push(params, version)
             if self._keep_last:
                 self._last = (version, self._host_copy(params))
+            return stats
+
+    def push_blocks(self, blocks: LocalBlocks) -> PushStats:
+        """As `push`, for process 0 of several sending trainer processes (`senders` > 1):
+        `blocks` are process 0's blocks of the version (`local_blocks`; the others made
+        theirs in the same collective and join each plan as senders when `announce` tells
+        them). The blocks are host copies already: they are kept as the catch-up copy.
+
+        Raises: as `push`.
+        """
+        with self._lock:
+            self._blocks = blocks
+            stats = self._push(blocks.mine, blocks.version)
+            self._last = (blocks.version, blocks.mine)  # type: ignore[assignment]
             return stats
 
     def _host_copy(self, params: Mapping) -> dict[str, np.ndarray]:
@@ -323,6 +378,8 @@ class WeightPublisher:
         t0 = time.perf_counter()
         sender, plan = self._plan(members, version)
         self.client.publish_version(version, plan.to_params())
+        if self._announce is not None:
+            self._announce(plan)
         try:
             ids = self.waits.wait(version, "ready", ids_of(members))
             t1 = time.perf_counter()
@@ -339,8 +396,9 @@ class WeightPublisher:
             raise
         t3 = time.perf_counter()
         return PushStats(
-            version, send.num_bytes, len(self._shapes), send.num_buckets, ids,
+            version, plan.manifest.total_bytes, len(self._shapes), send.num_buckets, ids,
             t1 - t0, t2 - t1, t3 - t2, t3 - t0, plan.manifest.tp_size,
+            sent_bytes=send.num_bytes,
         )  # fmt: skip
 
     def _push(self, params: Mapping, version: int) -> PushStats:
@@ -350,6 +408,8 @@ class WeightPublisher:
         for attempt in range(self.max_attempts):
             sender, plan = self._plan(members, version)
             self.client.publish_version(version, plan.to_params())
+            if self._announce is not None:
+                self._announce(plan)
             try:
                 ids = self.waits.wait(version, "ready", ids_of(members))
                 if len(ids) < len(members) and (self.waits.collective or not ids):
@@ -382,9 +442,9 @@ class WeightPublisher:
             t3 = time.perf_counter()
             gone_late = [e for e in ids_of(members) if e not in ids]
             stats = PushStats(
-                version, send.num_bytes, len(self._shapes), send.num_buckets, ids,
+                version, plan.manifest.total_bytes, len(self._shapes), send.num_buckets, ids,
                 t1 - t0, t2 - t1, t3 - t2, t3 - t0, plan.manifest.tp_size,
-                tuple(lost + gone_late), attempt + 1,
+                tuple(lost + gone_late), attempt + 1, send.num_bytes,
             )  # fmt: skip
             log.info(
                 "pushed version %d: %.1f MB to %d engines in %.2f s (send %.2f GB/s)",
@@ -409,17 +469,28 @@ class WeightPublisher:
         if self._sender is None or members != self._members:
             self._drop_group()
             receivers = sum(tp for _, tp in members)
-            self._sender = make_sender(self.transport, num_receivers=receivers)
+            self._sender = make_sender(
+                self.transport, num_receivers=receivers, senders=self.senders
+            )
             self._members = members
             self._generation += 1
-        ranks, offset = {}, 1
+        ranks, offset = {}, self.senders
         for engine_id, tp in members:
             ranks[engine_id] = offset
             offset += tp
         transport = self.transport.model_dump()
-        if not isinstance(self.transport, FileTransportConfig):
+        if is_collective(self.transport):
             transport["port"] = int(self._sender.port)  # type: ignore[attr-defined]
+        if isinstance(self._sender, JaxTransferSender):  # the engines pull from these
+            transport["servers"] = list(self.transport.servers) or [self._sender.address]  # type: ignore[union-attr]
+            transport["group"] = self._generation
+            self._sender.serve(ranks.values(), self._generation)
         manifest = self.manifest(version, self._shard_tp(members))
+        if self.senders > 1 or self._by_blocks:
+            if self._blocks is None or self._blocks.version != version:
+                raise PushError(version, "no blocks of this version to send (push_blocks)")
+            sources = self._blocks.sources_for(manifest)
+            manifest = dataclasses.replace(manifest, senders=self.senders, sources=sources)
         plan = SyncPlan(transport, manifest, ranks, offset, self._generation)
         return self._sender, plan
 
@@ -427,7 +498,7 @@ class WeightPublisher:
         """The TP degree to shard for: the engines' one TP degree when the transport is a
         collective one with `tp_shards` on, else 1 (whole tensors to every rank)."""
         sizes = {tp for _, tp in members}
-        if isinstance(self.transport, FileTransportConfig) or not self.transport.tp_shards:
+        if not is_collective(self.transport) or not self.transport.tp_shards:
             return 1
         return sizes.pop() if len(sizes) == 1 else 1
 
@@ -442,10 +513,15 @@ class WeightPublisher:
         """The data-plane send. A transfer error is pinned on the group members the gateway
         drops within `peer_grace_s` (their connection broke): `MembersLost` names them; with
         none gone it is a `PushError` with the engines' own errors."""
-        tensors = self._sharded_tensors if manifest.sharded else self._engine_tensors
+        if manifest.sources:  # process 0's own blocks of every tensor
+            items: Iterator[tuple[str, Any]] = iter(params.items())
+        elif manifest.sharded:
+            items = self._sharded_tensors(params)
+        else:
+            items = self._engine_tensors(params)
         try:
             self._connect(sender, manifest.version, ids)
-            return sender.send(manifest, tensors(params))
+            return sender.send(manifest, items)
         except TransferError as e:
             states = self.waits.pin_on_lost(manifest.version, ids, f"during the send ({e})", e)
             errors = {s.engine_id: s.error for s in states if s.phase == "failed"}
@@ -495,13 +571,6 @@ class WeightPublisher:
         comes as a strided numpy view of its own buffer, uncast, as in `_engine_tensors`: the
         copy of each region casts and transposes in one pass.
         """
-        wire = jnp.dtype(self.dtype)
-
-        def cast(x: Any) -> Any:
-            if isinstance(x, np.ndarray) or on_one_cpu(x):
-                return np.asarray(x)
-            return x if x.dtype == wire else jnp.asarray(x).astype(wire)
-
-        yield from params_to_engine(
-            self.family, self.cfg, params, self.jax_dims, cast, host=False, contiguous=False
+        yield from engine_arrays(
+            self.family, self.cfg, params, self.dtype, self.jax_dims, host_uncast=True
         )

@@ -23,6 +23,9 @@ class Problem:
       answer: the gold answer as text (GSM8K: the number after ``####``).
       verifier: the registry name of the verifier that scores completions of this problem.
       metadata: anything else the verifier needs (reasoning-gym: the whole dataset entry).
+      max_new_tokens: this problem's own completion budget (tokens, >= 1) for training
+        rollouts, capped by rollout.max_new_tokens; None: rollout.max_new_tokens (JSONL rows
+        carry one through data.max_new_tokens_field).
     """
 
     problem_id: str
@@ -30,6 +33,7 @@ class Problem:
     answer: str
     verifier: str
     metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    max_new_tokens: int | None = None
 
 
 class Verifier(abc.ABC):

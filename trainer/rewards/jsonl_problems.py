@@ -41,6 +41,7 @@ def load_jsonl_problems(
     limit: int | None = None,
     suffix: str = "",
     verifier: str = "math",
+    max_new_tokens_field: str = "",
 ) -> list[Problem]:
     """Read the first `limit` rows of a JSONL file as problems.
 
@@ -51,19 +52,25 @@ def load_jsonl_problems(
         (`answer_regex` for the "regex" form).
       limit: rows read from the top; None: all.
       suffix: text appended to each question. verifier: registry name stored in each problem.
+      max_new_tokens_field: the row's field holding the problem's completion budget
+        (`Problem.max_new_tokens`: an integer >= 1; a null: none); empty: no budgets (every
+        problem gets the run's rollout.max_new_tokens).
 
     Returns:
       Problems with id ``"jsonl/<file stem>/<line index>"``; ``metadata["row"]`` is the row.
 
     Raises:
       FileNotFoundError: no such file. ValueError: naming ``file:line`` and the field for a line
-        that is not a JSON object, a row without a field the template or the answer needs, or an
-        answer not in its form; a bad template.
+        that is not a JSON object, a row without a field the template or the answer needs, an
+        answer not in its form, or a budget that is not an integer >= 1; a bad template.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"JSONL data file not found: {path}")
     fields = template_fields(template)
+    needed = [(f, "the prompt template") for f in fields] + [(answer_field, "the answer field")]
+    if max_new_tokens_field:
+        needed.append((max_new_tokens_field, "the budget field"))
     problems: list[Problem] = []
     with path.open(encoding="utf-8") as f:
         for index, line in enumerate(f):
@@ -78,9 +85,8 @@ def load_jsonl_problems(
                 raise ValueError(f"{where}: not JSON ({err.msg})") from None
             if not isinstance(row, dict):
                 raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
-            for name in [*fields, answer_field]:
+            for name, use in needed:
                 if name.split(".")[0].split("[")[0] not in row:
-                    use = "the answer field" if name == answer_field else "the prompt template"
                     raise ValueError(
                         f"{where}: the row has no field {name!r} ({use}); it has {sorted(row)}"
                     )
@@ -88,8 +94,21 @@ def load_jsonl_problems(
                 gold = gold_answer(row[answer_field], answer_form, answer_regex)
             except ValueError as err:
                 raise ValueError(f"{where}: field {answer_field!r}: {err}") from None
+            budget = row[max_new_tokens_field] if max_new_tokens_field else None
+            if budget is not None and (type(budget) is not int or budget < 1):
+                raise ValueError(
+                    f"{where}: field {max_new_tokens_field!r}: expected an integer >= 1 (new "
+                    f"tokens), got {budget!r}"
+                )
             question = template.format_map(row) + suffix
             problems.append(
-                Problem(f"jsonl/{path.stem}/{index}", question, gold, verifier, {"row": row})
+                Problem(
+                    f"jsonl/{path.stem}/{index}",
+                    question,
+                    gold,
+                    verifier,
+                    {"row": row},
+                    max_new_tokens=budget,
+                )  # fmt: skip
             )
     return problems

@@ -323,6 +323,26 @@ def test_deregister_returns_leased_prompts(gw):
     assert state.status().queues.pending_train == 2
 
 
+def test_the_trainer_drops_an_engine_without_its_key_an_engine_needs_it(gw):
+    """`deregister(by_trainer=True)` (the trainer's token: the launcher saw the engine's
+    process exit) takes no key and requeues its leases; an engine's call still needs the key;
+    an engine already gone is NOT_FOUND."""
+    state, _ = _state(gw)
+    eid = state.register(gw.register()).engine_id
+    _submit(state, [gw.prompt("p0"), gw.prompt("p1")])
+    _lease(state, eid, 2)
+    with pytest.raises(GatewayError) as err:
+        state.deregister(gpb.DeregisterRequest(engine_id=eid, engine_key="wrong"))
+    assert err.value.code == "PERMISSION_DENIED"
+    reply = state.deregister(gpb.DeregisterRequest(engine_id=eid), by_trainer=True)
+    assert reply.returned_prompts == 2 and state.status().queues.pending_train == 2
+    (dropped,) = state.events.events("dropped")
+    assert dropped["reason"] == f"engine {eid!r} deregistered by the trainer (it exited)"
+    with pytest.raises(GatewayError) as err:
+        state.deregister(gpb.DeregisterRequest(engine_id=eid), by_trainer=True)
+    assert err.value.code == "NOT_FOUND" and "not registered" in err.value.message
+
+
 def test_configure_cannot_change_family_under_registered_engines(gw):
     state, _ = _state(gw)
     state.register(gw.register())

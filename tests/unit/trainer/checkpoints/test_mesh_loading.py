@@ -47,3 +47,30 @@ def test_sharded_index_checkpoint_loads_like_a_single_file(tiny_checkpoint, tmp_
     assert set(want) == set(got)
     for name in want:
         np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), err_msg=name)
+
+
+def test_views_of_the_mapped_file_equal_the_read_tensors(tiny_checkpoint, tmp_path):
+    """`CheckpointReader.view` (the file's bytes, memory-mapped, read-only) equals `read` for
+    fp32 and bf16 tensors, and a mesh load from the views equals a one-device load bit for bit
+    (bf16 checkpoint into fp32 params: each slice is cast on its own)."""
+    from trainer.checkpoints.hf_io import CheckpointReader
+    from trainer.checkpoints.tiny import make_tiny_checkpoint
+
+    for path in (tiny_checkpoint("llama"), make_tiny_checkpoint(tmp_path / "bf16", "llama",
+                                                                 dtype="bfloat16")):  # fmt: skip
+        reader = CheckpointReader(path)
+        for name in sorted(reader.names()):
+            view = reader.view(name)
+            assert isinstance(view.base, np.memmap) or isinstance(view, np.memmap), name
+            assert not view.flags.writeable
+            np.testing.assert_array_equal(view, reader.read(name), err_msg=name)
+            assert view.dtype == reader.read(name).dtype
+        _, single = load_hf_checkpoint(path, dtype="float32")
+        _, sharded = load_hf_checkpoint(
+            path, dtype="float32", mesh=make_mesh(fsdp=4, devices=jax.devices()[:4]),
+            min_shard_bytes=0,
+        )  # fmt: skip
+        want, got = flat_params(single), flat_params(sharded)
+        for name in want:
+            assert got[name].dtype == jnp.float32
+            np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), name)

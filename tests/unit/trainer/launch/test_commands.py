@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
 from trainer.checkpoints.smollm2 import cache_dir
+from trainer.config import ConfigError
 from trainer.launch.commands import (
     cpu_bind,
     engine_argv,
@@ -124,3 +126,13 @@ def test_data_plane_is_nccl_for_vllm_on_gpus_only(tmp_path):
         assert eng[eng.index("--transports") + 1] == want
     with pytest.raises(ValueError, match="every engine to be vLLM on GPUs; got accelerator cpu"):
         resolve_data_plane(_job("launch.accelerator=cpu", "launch.data_plane=nccl"))
+
+
+def test_engine_cpus_pin_the_engine_command(tmp_path):
+    plain = engine_argv(_job(), 0, "h:1", tmp_path / "t", tmp_path, 96)
+    pinned = engine_argv(_job("launch.engine_cpus=0"), 0, "h:1", tmp_path / "t", tmp_path, 96)
+    assert Path(pinned[0]).name == "taskset" and pinned[1:3] == ["-c", "0"]
+    assert pinned[3:] == plain and plain[0] == sys.executable
+    assert _job("launch.engine_cpus='0-3,6'").launch.engine_cpus == "0-3,6"
+    with pytest.raises(ConfigError, match="engine_cpus"):
+        _job("launch.engine_cpus=zero")

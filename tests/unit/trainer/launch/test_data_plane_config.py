@@ -63,3 +63,44 @@ def test_the_file_data_plane_takes_its_folder_and_delta_settings(tmp_path):
     assert (data_plane_config(shared).root, data_plane_config(shared).delta) == ("/mnt/w", False)
     with pytest.raises(ConfigError, match="file_delta=true needs launch.data_plane=file"):
         load_job_config(None, ["launch.file_delta=true"])
+
+
+def test_the_shm_data_plane_takes_a_fresh_tmpfs_folder_or_the_given_one():
+    job = load_job_config(None, ["launch.data_plane=shm", "launch.data_plane_timeout_s=12"])
+    a, b = data_plane_config(job), data_plane_config(job)
+    assert (a.kind, a.timeout_s) == ("shm", 12.0)
+    assert a.root.startswith(f"/dev/shm/jaxrl-{os.getpid()}-") and a.root != b.root  # no reuse
+    given = load_job_config(None, ["launch.data_plane=shm", "launch.data_plane_root=/dev/shm/x"])
+    assert data_plane_config(given).root == "/dev/shm/x"
+    sender = make_sender(a)  # the sender makes the folder; closing it leaves nothing
+    try:
+        assert os.path.isdir(a.root)
+    finally:
+        sender.close()
+    assert not os.path.exists(a.root)
+
+
+def test_jax_transfer_takes_its_host_and_wait_and_serves_jax_engines_only():
+    """launch.data_plane=jax_transfer: the transfer servers bind launch.data_plane_host, pulls
+    wait launch.data_plane_timeout_s; the plan's addresses are filled in later (one process:
+    its own server's); a run with a vLLM engine is refused naming the backends."""
+    from trainer.leader import with_transfer_servers
+
+    job = load_job_config(None, [
+        "launch.data_plane=jax_transfer", "launch.data_plane_timeout_s=7", "rollout.backend=jax",
+    ])  # fmt: skip
+    cfg = data_plane_config(job)
+    assert (cfg.kind, cfg.host, cfg.timeout_s, cfg.servers) == (
+        "jax_transfer",
+        "127.0.0.1",
+        7.0,
+        (),
+    )
+    filled = with_transfer_servers(cfg)
+    (address,) = filled.servers
+    assert address.startswith("127.0.0.1:") and int(address.rsplit(":", 1)[1]) > 0
+    assert with_transfer_servers(cfg).servers == filled.servers  # one server per process
+    vllm = load_job_config(None, ["launch.data_plane=jax_transfer", "rollout.backend=vllm"])
+    with pytest.raises(ValueError, match=r"jax_transfer needs every engine to be a JAX engine; "
+                                         r"got engine backends \['vllm'\]"):  # fmt: skip
+        data_plane_config(vllm)

@@ -121,8 +121,9 @@ def test_backoff_doubles_and_restarts_can_be_off(tmp_path):
 
 def test_a_dead_engine_is_deregistered_on_the_gateway_at_once(tmp_path):
     """`deregister_dead` as `on_death`: the dead child's gateway engine (registered under its
-    name, silent but not disconnected: no long poll of it to break) is deregistered when the
-    supervisor sees the death; its leased prompts go back to the queue."""
+    name by another client, as the engine process does: the launcher holds no engine key;
+    silent but not disconnected: no long poll of it to break) is dropped through the trainer's
+    client when the supervisor sees the death; its leased prompts go back to the queue."""
     from gateway import messages as m
     from gateway.client import GatewayClient
     from gateway.config import GatewayConfig, RunSettings
@@ -146,13 +147,14 @@ def test_a_dead_engine_is_deregistered_on_the_gateway_at_once(tmp_path):
             procs.start("engine0", SLEEPER, os.environ)
             with EngineSupervisor(
                 procs, ["engine0"], backoff_s=30.0, poll_s=0.02,
-                on_death=deregister_dead(trainer, engine),
+                on_death=deregister_dead(trainer),
             ):  # fmt: skip
                 _kill(procs, "engine0", ups=1)
                 _wait(lambda: srv.state.events.events("leases_requeued"), "not deregistered")
         (requeued,) = srv.state.events.events("leases_requeued")
         assert (requeued["engine"], requeued["prompts"]) == (eid, 2)
-        assert srv.state.events.events("dropped")[0]["reason"] == f"engine {eid!r} deregistered"
+        reason = srv.state.events.events("dropped")[0]["reason"]
+        assert reason == f"engine {eid!r} deregistered by the trainer (it exited)"
         assert trainer.status().engines == []
     finally:
         trainer.close()

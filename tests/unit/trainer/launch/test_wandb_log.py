@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.wandb_records import history, run_config, run_folder
+from tests.wandb_records import finished_records, history, run_config, run_folder
 from trainer.launch.job_config import load_job_config
 from trainer.launch.report import Reporter
 from trainer.launch.wandb_log import SAMPLE_COLUMNS, start_wandb, wandb_run
@@ -115,11 +115,8 @@ def test_failed_block_marks_the_run_failed_and_reraises(tmp_path, offline_env):
     job = load_job_config(None, [f"run_dir={tmp_path / 'run'}", "logging.wandb.mode=offline"])
     with pytest.raises(ValueError, match="boom"), wandb_run(job, tmp_path / "run", _decode, {}):
         raise ValueError("boom")
-    run = run_folder(offline_env)
-    (log,) = run.glob("run-*.wandb")
-    from tests.wandb_records import read_records
-
-    exits = [r.exit.exit_code for r in read_records(log) if r.WhichOneof("record_type") == "exit"]
+    records = finished_records(run_folder(offline_env))
+    exits = [r.exit.exit_code for r in records if r.WhichOneof("record_type") == "exit"]
     assert exits == [1]
 
 

@@ -41,18 +41,23 @@ def test_logits_match_transformers(models):
     # Bounds against the float64 truth, each with a stated margin over fp32 rounding. SmolLM2's
     # residual stream carries activations near 2.5e4, where one fp32 ulp is 2e-3, so fp32 vs
     # fp32 differences sit at the edge of noise (a bound on the fraction above 1e-4 failed on a
-    # loaded machine at 1.49e-5 vs 1e-5). Measured here (2026-12-01) over 2.2M logits:
-    #   JAX fp32 vs float64: max 9.0e-5, mean 1.03e-5; transformers fp32 vs float64: max 9.3e-5,
-    #   mean 1.13e-5; JAX vs transformers fp32: max 1.2e-4.
+    # loaded machine at 1.49e-5 vs 1e-5). Measured over 2.2M logits on two hosts:
+    #   AMD EPYC, AVX2 (2026-12-01): JAX fp32 vs float64 max 9.0e-5, mean 1.03e-5; transformers
+    #   fp32 vs float64 max 9.3e-5, mean 1.13e-5; JAX vs transformers fp32 max 1.2e-4.
+    #   Intel Xeon, AVX-512 and AMX (2026-12-02): JAX max 1.10e-4, mean 1.48e-5; transformers
+    #   max 6.0e-5, mean 9.0e-6 (torch's oneDNN kernels round less there); JAX vs transformers
+    #   max 1.36e-4.
     hf64 = AutoModelForCausalLM.from_pretrained(smollm2_path(), dtype=torch.float64).eval()
     with torch.no_grad():
         truth = hf64(torch.tensor([ids])).logits[0].numpy()
     err, ref_err = np.abs(got - truth), np.abs(ref - truth)
-    assert err.max() <= 2e-4  # 2.2x the measured 9.0e-5
-    assert err.mean() <= 2e-5  # 1.9x the measured 1.03e-5
-    # the JAX path is as close to the truth as transformers' own fp32 path (measured 0.97x)
-    assert err.max() <= 1.5 * ref_err.max() and err.mean() <= 1.5 * ref_err.mean()
-    assert np.abs(got - ref).max() <= 3e-4  # 2.5x the measured 1.2e-4
+    assert err.max() <= 2e-4  # 1.8x the worst measured, 1.10e-4
+    assert err.mean() <= 2e-5  # 1.35x the worst measured, 1.48e-5
+    # the JAX path stays within a small factor of transformers' own fp32 error, whose size
+    # depends on the CPU's kernels (measured 0.97x on the AVX2 host; 1.83x max, 1.65x mean on
+    # the AMX host)
+    assert err.max() <= 2.5 * ref_err.max() and err.mean() <= 2.5 * ref_err.mean()
+    assert np.abs(got - ref).max() <= 3e-4  # 2.2x the worst measured, 1.36e-4
 
 
 def test_greedy_continuation_matches_transformers(models):
