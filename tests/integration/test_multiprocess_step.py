@@ -78,12 +78,21 @@ def assert_no_orphans(workers: list[Worker]) -> None:
         assert not psutil.pid_exists(w.proc.pid) or (
             psutil.Process(w.proc.pid).status() == psutil.STATUS_ZOMBIE
         )
-    left = [
-        c
-        for c in psutil.Process().children(recursive=True)
-        if any(str(WORKER) in part for part in c.cmdline())
-    ]
+    left = [pid for pid, cmd in _live_children() if any(str(WORKER) in part for part in cmd)]
     assert left == []
+
+
+def _live_children() -> list[tuple[int, list[str]]]:
+    """(pid, command line) of this process's descendants that still run; zombies (left by
+    other tests of the same pytest process) run nothing and have no command line."""
+    live = []
+    for c in psutil.Process().children(recursive=True):
+        try:
+            if c.status() != psutil.STATUS_ZOMBIE:
+                live.append((c.pid, c.cmdline()))
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):
+            pass
+    return live
 
 
 @pytest.fixture(scope="module")
@@ -93,10 +102,13 @@ def checkpoint(tiny_checkpoint) -> Path:
 
 def test_two_processes_take_the_step_of_one(checkpoint: Path, tmp_path: Path):
     """Same init and batch: one step on 2 processes x 2 devices gives the params of 1 process x
-    4 devices within 1e-6 (fp32) and the same loss. With SGD that holds for every element;
-    with AdamW (lr 1e-2) the first update is g / (|g| + eps), so a gradient element near eps
-    turns reduction-order rounding into up to lr * 1e-3 (measured 1.0e-5 on 7 of 20480
-    lm_head elements): there the bound is 2e-5 and the share of elements above 1e-6 < 1e-3."""
+    4 devices within 1e-6 (fp32) and the same loss. With SGD that holds for every element.
+    With AdamW (lr 1e-2) the first update is lr * g / (|g| + eps), so for a gradient element
+    near eps the reduction order's rounding of g moves the param by up to 2 * lr (the sign of
+    a near-zero g). Measured: 1.0e-5 on 7 of 20,480 lm_head elements on an AMD EPYC (AVX2)
+    host, 5.9e-5 on 8 of 127,296 elements on an Intel Xeon (AVX-512, AMX) host. So there the
+    checks are that such elements are rare (under 1e-3 of all above 1e-6) and that none moves
+    by more than lr / 10 = 1e-3 (a wrong shard would move many elements by about lr)."""
     ref = Worker(
         tmp_path,
         "ref",
@@ -142,7 +154,7 @@ def test_two_processes_take_the_step_of_one(checkpoint: Path, tmp_path: Path):
         else:
             above = sum(int((d > 1e-6).sum()) for d in diffs.values())
             total = sum(d.size for d in diffs.values())
-            assert worst <= 2e-5 and above / total < 1e-3, (worst, above, total)
+            assert worst <= 1e-3 and above / total < 1e-3, (worst, above, total)
 
 
 @pytest.mark.parametrize(
