@@ -1,0 +1,171 @@
+"""Multi-turn episodes, token in and token out, on any backend.
+
+An episode is one token sequence after the prompt: model turns (sampled tokens with their
+log-probs and weight versions) alternating with environment tokens (the chat template's turn
+boundaries around each tokenized observation). `run_episode` plays one: it asks the backend for
+one model turn continuing the whole history as token ids (`RolloutBackend.generate` with the
+history as the prompt: vLLM's prefix cache keeps the earlier turns' KV; the JAX engine prefills
+the history), decodes only that turn for the environment (`envs.base.Environment.step`),
+tokenizes only the observation, and appends the ids: no earlier token is ever decoded and
+re-encoded, so the trainer scores exactly the tokens the engine sampled.
+
+The result is the one rollout record (`gateway.messages.Completion`) of the whole episode:
+`token_ids` [L] = turn 1, glue + observation 1 + glue, turn 2, ...; `logprobs` [L] (0 at
+environment tokens); `forced_positions` = every environment token (and any token a backend
+forced), so the loss counts only what the model sampled; `version_spans` of each turn shifted
+to its place (environment tokens fall between spans and are masked anyway), so the lag filter
+and the off-policy corrections apply per token as for one turn.
+
+Bounds (`envs.base.EpisodeLimits`): at most `max_turns` model turns and `max_tokens` tokens after
+the prompt (model and environment together; each turn's `max_new_tokens` is cut to what is
+left), observations cut to `max_observation_chars` characters. An episode whose next
+observation would not fit ends there with finish reason "length".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from envs.base import Environment, EpisodeLimits
+from gateway import messages as m
+
+Generate = Callable[[m.Prompt], Awaitable[tuple[m.Completion, ...]]]
+"""A backend's `generate`: G completions of one prompt."""
+Encode = Callable[[str], Sequence[int]]
+"""Text -> token ids, no special tokens added (an observation)."""
+Decode = Callable[[Sequence[int]], str]
+"""Token ids -> text, special tokens skipped (one model turn, for the environment)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnGlue:
+    """The chat template's token ids around an observation.
+
+    Attributes:
+        end_of_turn: closes a model turn that did not end on it (ChatML: ``<|im_end|>``); a turn
+            that ended on one of `end_ids` is not closed twice.
+        before_observation: between the closed model turn and the observation (ChatML:
+            ``"\\n<|im_start|>user\\n"``).
+        after_observation: between the observation and the next model turn (ChatML:
+            ``"<|im_end|>\\n<|im_start|>assistant\\n"``).
+        end_ids: ids that end a model turn by themselves (the model's EOS ids).
+    """
+
+    end_of_turn: tuple[int, ...]
+    before_observation: tuple[int, ...]
+    after_observation: tuple[int, ...]
+    end_ids: tuple[int, ...] = ()
+
+    def around(self, turn: Sequence[int], observation: Sequence[int]) -> list[int]:
+        """The environment's ids after model turn `turn`: closing, observation, opening."""
+        closed = len(turn) > 0 and int(turn[-1]) in self.end_ids
+        head = [] if closed else list(self.end_of_turn)
+        return [*head, *self.before_observation, *observation, *self.after_observation]
+
+
+_TURN, _OBS = "\u2063TURN\u2063", "\u2063OBSERVATION\u2063"
+
+
+def chat_glue(tokenizer: Any, end_ids: Sequence[int]) -> TurnGlue:
+    """The `TurnGlue` of a Hugging Face tokenizer's chat template, read off a rendered
+    conversation (user, assistant `_TURN`, user `_OBS`, then the generation prompt).
+
+    Raises:
+        ValueError: the template does not render the sentinel turns in order (not a chat
+            template of alternating user and assistant turns).
+    """
+    messages = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": _TURN},
+        {"role": "user", "content": _OBS},
+    ]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    a, o = text.find(_TURN), text.find(_OBS)
+    if a < 0 or o < a:
+        raise ValueError("the chat template does not render alternating user / assistant turns")
+    between = list(tokenizer.encode(text[a + len(_TURN) : o], add_special_tokens=False))
+    after = list(tokenizer.encode(text[o + len(_OBS) :], add_special_tokens=False))
+    ends = tuple(int(i) for i in end_ids)
+    head = between[:1] if between and between[0] in ends else []
+    return TurnGlue(tuple(head), tuple(between[len(head) :]), tuple(after), ends)
+
+
+async def run_episode(
+    generate: Generate,
+    prompt: m.Prompt,
+    env: Environment,
+    task: Mapping[str, Any],
+    encode: Encode,
+    decode: Decode,
+    glue: TurnGlue,
+    limits: EpisodeLimits,
+) -> tuple[m.Completion, float | None, int]:
+    """Play one episode of `prompt` (built from `env.reset(task)`'s first observation; reset
+    here again starts the environment's state) with `prompt.sampling` for every turn.
+
+    Returns:
+        (the episode's record, the environment's last reward or None, model turns played).
+
+    Raises:
+        ValueError: the task does not fit the environment (`Environment.reset`).
+    """
+    env.reset(task)
+    ids: list[int] = []
+    logprobs: list[float] = []
+    forced: list[int] = []
+    spans: list[tuple[int, int, int]] = []
+    versions: list[int] = []
+    reward: float | None = None
+    finish, turns = "length", 0
+    for turn in range(limits.max_turns):
+        room = limits.max_tokens - len(ids)
+        if room < 1:
+            finish = "length"
+            break
+        sampling = dataclasses.replace(
+            prompt.sampling, max_new_tokens=min(prompt.sampling.max_new_tokens, room)
+        )
+        history = np.concatenate([prompt.token_ids, np.asarray(ids, np.int32)]).astype(np.int32)
+        sub = dataclasses.replace(
+            prompt, sample_id=f"{prompt.sample_id}/t{turn}", token_ids=history, group_size=1,
+            sampling=sampling,
+        )  # fmt: skip
+        (c,) = await generate(sub)
+        turns += 1
+        start = len(ids)
+        ids += c.token_ids.tolist()
+        logprobs += c.logprobs.tolist()
+        forced += [start + j for j in c.forced_positions]
+        spans += [(v, start + a, start + b) for v, a, b in c.version_spans] or (
+            [(c.version_start, start, len(ids))] if len(c.token_ids) else []
+        )
+        versions += [c.version_start, c.version_end]
+        finish = c.finish_reason
+        if finish == "abort":
+            break
+        result = env.step(decode(c.token_ids.tolist()))
+        reward = result.reward if result.reward is not None else reward
+        if result.done or result.observation is None or turn == limits.max_turns - 1:
+            break
+        text = result.observation[: limits.max_observation_chars]
+        extra = glue.around(c.token_ids.tolist(), list(encode(text)))
+        if len(ids) + len(extra) >= limits.max_tokens:
+            finish = "length"
+            break
+        forced += range(len(ids), len(ids) + len(extra))
+        ids += extra
+        logprobs += [0.0] * len(extra)
+    record = m.Completion(
+        token_ids=np.asarray(ids, np.int32),
+        logprobs=np.asarray(logprobs, np.float32),
+        finish_reason=finish,
+        version_start=min(versions) if versions else 0,
+        version_end=max(versions) if versions else 0,
+        version_spans=tuple(spans),
+        forced_positions=tuple(forced),
+    )
+    return record, reward, turns

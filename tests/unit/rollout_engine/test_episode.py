@@ -1,0 +1,150 @@
+"""Multi-turn episodes on the real JAX engine (tiny llama with its ChatML tokenizer) against a
+scripted environment that answers fixed observations: the exact token ids of a 3-turn episode
+(each model turn is what the engine samples from that history, then the template's ids and the
+observation's), the loss mask equal to the model's tokens only, and turn 3's log-probs equal to
+a fresh forward of the whole sequence within 1e-5 (fp32)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from envs.base import Environment, EpisodeLimits, StepResult
+from gateway import messages as m
+from rollout_engine.episode import chat_glue, run_episode
+from rollout_engine.jax.backend import JaxBackend, JaxBackendConfig
+from trainer.checkpoints.hf_io import load_hf_checkpoint
+from trainer.checkpoints.tiny import make_tiny_checkpoint
+
+REPLIES = ("obs one", "the result is 42")
+
+
+class Scripted(Environment):
+    """Answers REPLIES in order, then ends the episode with reward 0.5."""
+
+    name: ClassVar[str] = "scripted"
+
+    def reset(self, task) -> str:
+        self.seen: list[str] = []
+        return str(task["question"])
+
+    def step(self, turn: str) -> StepResult:
+        self.seen.append(turn)
+        if len(self.seen) <= len(REPLIES):
+            return StepResult(REPLIES[len(self.seen) - 1], None, False)
+        return StepResult(None, 0.5, True)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    path = make_tiny_checkpoint(tmp_path_factory.mktemp("ep") / "ckpt", "llama")
+    tok = AutoTokenizer.from_pretrained(path)
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    return path, tok, im_end
+
+
+def _play(path, tok, im_end, sampling: m.SamplingParams, limits: EpisodeLimits):
+    cfg = JaxBackendConfig(model=str(path), num_slots=2, max_model_len=128, prefill_batch=1,
+                           temperature=sampling.temperature, stop_token_ids=(im_end,))  # fmt: skip
+    glue = chat_glue(tok, (im_end,))
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "add 40 and 2"}], tokenize=False, add_generation_prompt=True
+    )
+    prompt_ids = tok.encode(text, add_special_tokens=False)
+    prompt = m.Prompt("ep0", np.asarray(prompt_ids, np.int32), 1, sampling)
+
+    async def scenario():
+        backend = JaxBackend(cfg)
+        await backend.start()
+        try:
+            env = Scripted()
+            record, reward, turns = await run_episode(
+                backend.generate, prompt, env, {"question": "add 40 and 2"},
+                lambda s: tok.encode(s, add_special_tokens=False),
+                lambda ids: tok.decode(ids, skip_special_tokens=True), glue, limits,
+            )  # fmt: skip
+            # the same turns asked one by one: what the engine samples from each history
+            turns_alone = []
+            for t, start in enumerate(_starts(record)):
+                history = np.asarray(prompt_ids + record.token_ids[:start].tolist(), np.int32)
+                (c,) = await backend.generate(m.Prompt(f"ep0/t{t}", history, 1, sampling))
+                turns_alone.append(c)
+            return record, reward, turns, env.seen, turns_alone
+        finally:
+            await backend.shutdown()
+
+    return asyncio.run(scenario()), glue, prompt_ids
+
+
+def _starts(record: m.Completion) -> list[int]:
+    """Index of the first token of each model turn (after each run of forced tokens)."""
+    forced = set(record.forced_positions)
+    return [
+        j for j in range(len(record.token_ids)) if j not in forced and (j == 0 or j - 1 in forced)
+    ]
+
+
+def test_three_turn_episode_token_for_token(world):
+    path, tok, im_end = world
+    greedy = m.SamplingParams(temperature=0.0, max_new_tokens=6)
+    (record, reward, turns, seen, alone), glue, _ = _play(
+        path, tok, im_end, greedy, EpisodeLimits(4, 200)
+    )
+    assert turns == 3 and reward == 0.5 and len(seen) == 3
+    assert all(len(c.token_ids) >= 1 for c in alone)
+    assert (
+        tok.decode([*glue.end_of_turn, *glue.before_observation])
+        == "<|im_end|>\n<|im_start|>user\n"
+    )
+    assert tok.decode(list(glue.after_observation)) == "<|im_end|>\n<|im_start|>assistant\n"
+    want: list[int] = []
+    model_positions: list[int] = []
+    for t, c in enumerate(alone):
+        turn = c.token_ids.tolist()
+        model_positions += range(len(want), len(want) + len(turn))
+        want += turn
+        if t < 2:
+            want += glue.around(turn, tok.encode(REPLIES[t], add_special_tokens=False))
+    assert record.token_ids.tolist() == want
+    # the loss mask: every token but the model's is forced (log-prob 0)
+    mask = np.ones(len(want), bool)
+    mask[list(record.forced_positions)] = False
+    assert np.flatnonzero(mask).tolist() == model_positions
+    assert np.all(record.logprobs[~mask] == 0.0)
+    assert seen == [tok.decode(c.token_ids.tolist(), skip_special_tokens=True) for c in alone]
+    record.validate()
+    assert record.version_start == record.version_end == 0
+
+
+def test_turn_three_logprobs_equal_a_full_forward(world):
+    path, tok, im_end = world
+    hot = m.SamplingParams(temperature=1.0, max_new_tokens=5, seed=3)
+    (record, _, turns, _, alone), _, prompt_ids = _play(
+        path, tok, im_end, hot, EpisodeLimits(3, 200)
+    )
+    assert turns == 3
+    third = _starts(record)[2]
+    _, model = load_hf_checkpoint(path)
+    seq = jnp.asarray([prompt_ids + record.token_ids.tolist()], jnp.int32)
+    logits, _ = model(seq, jnp.arange(seq.shape[1], dtype=jnp.int32)[None])
+    logp = jax.nn.log_softmax(logits[0].astype(jnp.float32), -1)
+    n = len(prompt_ids)
+    positions = range(third, len(record.token_ids))
+    full = [float(logp[n + j - 1, record.token_ids[j]]) for j in positions]
+    np.testing.assert_allclose(record.logprobs[third:], full, atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(record.logprobs[third:], alone[2].logprobs)
+
+
+def test_budget_ends_the_episode_with_length(world):
+    """A token budget too small for the first observation: one turn, finish "length"."""
+    path, tok, im_end = world
+    greedy = m.SamplingParams(temperature=0.0, max_new_tokens=6)
+    (record, reward, turns, _, _), _, _ = _play(path, tok, im_end, greedy, EpisodeLimits(4, 8))
+    assert turns == 1 and reward is None and record.finish_reason == "length"
+    assert record.forced_positions == () and 1 <= len(record.token_ids) <= 6
