@@ -152,8 +152,9 @@ def run_decode(args: argparse.Namespace) -> dict[str, Any]:
     import jax
     import numpy as np
     from flax import nnx
+    from rollout_throughput import decode_step
 
-    from rollout_engine.jax.batcher import BatcherConfig, ContinuousBatcher
+    from rollout_engine.jax.batcher import BatcherConfig
     from rollout_engine.jax.engine import EngineConfig, JaxEngine
     from rollout_engine.jax.sampling import SamplingConfig
     from rollout_engine.jax.stops import StopConfig
@@ -180,16 +181,8 @@ def run_decode(args: argparse.Namespace) -> dict[str, Any]:
         wall = time.perf_counter() - t
     tokens = sum(len(r.tokens) for r in results)
 
-    timing = dataclasses.replace(bcfg, steps_per_call=max((new - 2) // 2, 1))
-    b = ContinuousBatcher(cfg, graphdef, params, timing, ecfg.sampling, stops)
-    b.submit([Request(f"s{i}", prompts[i % len(prompts)], 1, new) for i in range(slots)])
-    b.step()  # fill and compile
-    steps0, t = b.decode_steps, time.perf_counter()
-    b.step()
-    jax.block_until_ready(b.state)
-    step_s = (time.perf_counter() - t) / max(b.decode_steps - steps0, 1)
+    step_s, kv_bytes = decode_step(cfg, graphdef, params, ecfg, prompts, new)
     param_bytes = sum(int(x.nbytes) for x in jax.tree.leaves(params))
-    kv_bytes = sum(int(x.nbytes) for x in jax.tree.leaves(b.state.cache))
     step_bytes = param_bytes + kv_bytes  # every weight once; the cache bound covers it all here
     copy = d2d_gb_per_s(64 << 20 if args.small else 1 << 30)
     roofline_s = step_bytes / (copy * 1e9)

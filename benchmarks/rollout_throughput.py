@@ -126,21 +126,10 @@ def run_jax(path: Path, prompts, args) -> dict[str, float]:
     tokens = sum(len(r.tokens) for r in results)
     print(f"jax: {tokens} tokens in {wall:.2f} s = {tokens / wall:.1f} tokens/s")
 
-    # decode step time with every slot busy: one long sample per slot, two loops of n steps
     graphdef = nnx.split(model)[0]
-    timing = dataclasses.replace(bcfg, steps_per_call=(args.max_tokens - 2) // 2)
-    b = ContinuousBatcher(cfg, graphdef, params, timing, ecfg.sampling, stops)
-    b.submit(
-        [Request(f"s{i}", prompts[i % len(prompts)], 1, args.max_tokens) for i in range(args.slots)]
-    )
-    b.step()  # fill, compile, 8 steps
-    steps0, t = b.decode_steps, time.perf_counter()
-    b.step()
-    jax.block_until_ready(b.state)
-    step_s = (time.perf_counter() - t) / max(b.decode_steps - steps0, 1)
+    step_s, kv_bytes = decode_step(cfg, graphdef, params, ecfg, prompts, args.max_tokens)
     param_bytes = sum(int(x.nbytes) for x in jax.tree.leaves(params))
-    kv_bytes = sum(int(x.nbytes) for x in jax.tree.leaves(b.state.cache))
-    print(f"jax decode step {step_s * 1e3:.2f} ms ({b.decode_steps - steps0} steps timed)")
+    print(f"jax decode step {step_s * 1e3:.2f} ms")
     b_, s_ = args.slots, max_len
     flops = 2 * sum(int(x.size) for x in jax.tree.leaves(params)) * b_
     flops += 4 * b_ * s_ * cfg.num_heads * cfg.head_dim * cfg.num_layers  # q·k and p·v
@@ -152,6 +141,23 @@ def run_jax(path: Path, prompts, args) -> dict[str, float]:
         "step_flops": flops,
         "matmul_flops_per_s": matmul_rate(args.slots, cfg.hidden_size, cfg.vocab_size),
     }
+
+
+def decode_step(cfg, graphdef, params, ecfg: EngineConfig, prompts, max_tokens: int):
+    """(seconds of one decode step with every slot busy, bytes of the KV cache): one long
+    sample per slot of `ecfg.batcher`, timed over the second of two decode loops of
+    (max_tokens - 2) // 2 steps each (the first fills the slots and compiles)."""
+    timing = dataclasses.replace(ecfg.batcher, steps_per_call=max((max_tokens - 2) // 2, 1))
+    assert ecfg.stops is not None, "the benchmark engines set their stops (EOS ignored)"
+    b = ContinuousBatcher(cfg, graphdef, params, timing, ecfg.sampling, ecfg.stops)
+    slots = ecfg.batcher.num_slots
+    b.submit([Request(f"s{i}", prompts[i % len(prompts)], 1, max_tokens) for i in range(slots)])
+    b.step()
+    steps0, t = b.decode_steps, time.perf_counter()
+    b.step()
+    jax.block_until_ready(b.state)
+    step_s = (time.perf_counter() - t) / max(b.decode_steps - steps0, 1)
+    return step_s, sum(int(x.nbytes) for x in jax.tree.leaves(b.state.cache))
 
 
 def matmul_rate(b: int, d: int, v: int, repeats: int = 5) -> float:

@@ -33,6 +33,7 @@ _OVERRIDES = {
     "ReturnRequest.released_sample_ids": "max_prompts_per_call",
     "RolloutGroup.completions": "max_group_size",
     "Prompt.token_ids": "max_prompt_tokens",
+    "Episode.task_json": "max_task_chars",
     "SamplingParams.stop_token_ids": "max_list_items",
     "Completion.token_ids": "max_new_tokens",
     "Completion.logprobs": "max_new_tokens",

@@ -32,6 +32,8 @@ _AT_LEAST_ONE = (
     "max_new_tokens",
     "max_name_chars",
     "max_text_chars",
+    "max_task_chars",
+    "max_turns",
     "max_list_items",
     "max_prompts_per_call",
     "max_metric_keys",
@@ -67,6 +69,9 @@ class GatewayConfig:
             characters, >= 64).
         max_text_chars: longest free text (an ack's error, a shutdown reason, the rendezvous
             address; characters).
+        max_task_chars: longest task of a multi-turn episode (`Episode.task_json`;
+            characters, >= 1).
+        max_turns: most model turns an episode may ask for (>= 1).
         max_list_items: most entries of a list of names or a small list (transports,
             backends, stop token ids; >= 1).
         max_prompts_per_call: most prompts in one SubmitPrompts, and most groups or released
@@ -113,6 +118,8 @@ class GatewayConfig:
     max_new_tokens: int = 1 << 20
     max_name_chars: int = 256
     max_text_chars: int = 4096
+    max_task_chars: int = 65_536
+    max_turns: int = 64
     max_list_items: int = 64
     max_prompts_per_call: int = 65_536
     max_metric_keys: int = 256

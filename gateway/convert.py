@@ -4,6 +4,8 @@ numpy arrays; the trainer-side annotations of a `Completion` (`reward`, `text`) 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from gateway import messages as m
@@ -64,7 +66,7 @@ def prompt_to_pb(p: m.Prompt) -> rpb.Prompt:
     )
     if s.seed is not None:
         sampling.seed = s.seed
-    return rpb.Prompt(
+    pb = rpb.Prompt(
         sample_id=p.sample_id,
         token_ids=_ints(p.token_ids),
         group_size=p.group_size,
@@ -72,6 +74,9 @@ def prompt_to_pb(p: m.Prompt) -> rpb.Prompt:
         is_eval=p.is_eval,
         min_version=p.min_version,
     )
+    if p.episode is not None:
+        pb.episode.CopyFrom(rpb.Episode(**dataclasses.asdict(p.episode)))
+    return pb
 
 
 def prompt_from_pb(p: rpb.Prompt) -> m.Prompt:
@@ -93,7 +98,12 @@ def prompt_from_pb(p: rpb.Prompt) -> m.Prompt:
         ),
         is_eval=p.is_eval,
         min_version=p.min_version,
+        episode=_episode(p.episode) if p.HasField("episode") else None,
     )
+
+
+def _episode(e: rpb.Episode) -> m.Episode:
+    return m.Episode(e.env, e.task_json, e.max_turns, e.max_tokens, e.max_observation_chars)
 
 
 def completion_to_pb(c: m.Completion) -> rpb.Completion:

@@ -52,6 +52,27 @@ class SamplingParams:
 
 
 @dataclasses.dataclass(frozen=True)
+class Episode:
+    """A prompt's samples as multi-turn episodes with an environment
+    (`rollout_engine.episode`): each of the G samples is one episode.
+
+    Attributes:
+        env: the environment's registry name (`envs.registry`), e.g. "calculator".
+        task_json: the task's fields as a JSON object (what `Environment.reset` reads).
+        max_turns: model turns at most (>= 1).
+        max_tokens: tokens after the prompt at most, model and environment together (>= 1);
+            the episode's completion is at most this long.
+        max_observation_chars: an observation is cut to this many characters (>= 1).
+    """
+
+    env: str
+    task_json: str = "{}"
+    max_turns: int = 4
+    max_tokens: int = 1024
+    max_observation_chars: int = 1024
+
+
+@dataclasses.dataclass(frozen=True)
 class Prompt:
     """One prompt to complete `group_size` times.
 
@@ -62,6 +83,8 @@ class Prompt:
         sampling: sampling parameters.
         is_eval: eval prompts are leased before training prompts.
         min_version: only engines holding at least this weight version may lease it.
+        episode: None: G completions of one turn each; else G multi-turn episodes (each
+            turn sampled with `sampling`, its `max_new_tokens` a per-turn bound).
     """
 
     sample_id: str
@@ -70,6 +93,7 @@ class Prompt:
     sampling: SamplingParams = SamplingParams()
     is_eval: bool = False
     min_version: int = 0
+    episode: Episode | None = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -432,7 +432,9 @@ class GatewayState:
         check_timeout("timeout_s", req.timeout_s)
         cfg = self.config
         for p in req.prompts:
-            check_prompt(p, cfg.max_group_size, cfg.max_prompt_tokens, cfg.max_new_tokens)
+            check_prompt(
+                p, cfg.max_group_size, cfg.max_prompt_tokens, cfg.max_new_tokens, cfg.max_turns
+            )
         n = len(req.prompts)
         if n > self.queue.max_pending:
             raise invalid(

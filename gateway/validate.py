@@ -29,10 +29,15 @@ def check_id(name: str, value: str) -> None:
 
 
 def check_prompt(
-    prompt: rpb.Prompt, max_group_size: int, max_prompt_tokens: int, max_new_tokens: int = 1 << 20
+    prompt: rpb.Prompt,
+    max_group_size: int,
+    max_prompt_tokens: int,
+    max_new_tokens: int = 1 << 20,
+    max_turns: int = 64,
 ) -> None:
     """Check one submitted prompt: id, tokens [P] (1 <= P <= max), G, sampling parameters
-    (1 <= max_new_tokens <= `max_new_tokens`)."""
+    (1 <= max_new_tokens <= `max_new_tokens`), and its episode if it has one
+    (`check_episode`)."""
     where = f"prompt {shown(prompt.sample_id)}"
     check_id("sample_id", prompt.sample_id)
     n = len(prompt.token_ids)
@@ -59,6 +64,24 @@ def check_prompt(
         raise invalid(f"{where}: expected stop token ids >= 0, got {min(s.stop_token_ids)}")
     if s.reasoning_budget < 0:
         raise invalid(f"{where}: expected reasoning_budget >= 0, got {s.reasoning_budget}")
+    if prompt.HasField("episode"):
+        check_episode(where, prompt.episode, max_new_tokens, max_turns)
+
+
+def check_episode(where: str, e: rpb.Episode, max_tokens: int, max_turns: int) -> None:
+    """A multi-turn episode: an environment name, 1 <= max_turns <= `max_turns`,
+    1 <= max_tokens <= `max_tokens` (the longest completion), max_observation_chars >= 1
+    (the task's size is a field bound, `gateway.bounds`; its JSON is the engine's to read)."""
+    if not e.env:
+        raise invalid(f"{where}: expected an episode's environment name, got ''")
+    if not 1 <= e.max_turns <= max_turns:
+        raise invalid(f"{where}: expected episode max_turns 1..{max_turns}, got {e.max_turns}")
+    if not 1 <= e.max_tokens <= max_tokens:
+        raise invalid(f"{where}: expected episode max_tokens 1..{max_tokens}, got {e.max_tokens}")
+    if e.max_observation_chars < 1:
+        raise invalid(
+            f"{where}: expected episode max_observation_chars >= 1, got {e.max_observation_chars}"
+        )
 
 
 def check_min_version(prompts: Iterable[rpb.Prompt], current_version: int, ahead: int) -> None:
@@ -130,7 +153,8 @@ def check_group(group: rpb.RolloutGroup, prompt: rpb.Prompt, current_version: in
         raise invalid(
             f"{where}: expected {g} completions (the group size), got {len(group.completions)}"
         )
+    longest = (
+        prompt.episode.max_tokens if prompt.HasField("episode") else prompt.sampling.max_new_tokens
+    )
     for i, completion in enumerate(group.completions):
-        check_completion(
-            f"{where} completion {i}", completion, prompt.sampling.max_new_tokens, current_version
-        )
+        check_completion(f"{where} completion {i}", completion, longest, current_version)

@@ -39,20 +39,36 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., reasoning_budget: _Optional[int] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
 
 class Prompt(_message.Message):
-    __slots__ = ("sample_id", "token_ids", "group_size", "sampling", "is_eval", "min_version")
+    __slots__ = ("sample_id", "token_ids", "group_size", "sampling", "is_eval", "min_version", "episode")
     SAMPLE_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     IS_EVAL_FIELD_NUMBER: _ClassVar[int]
     MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_FIELD_NUMBER: _ClassVar[int]
     sample_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     group_size: int
     sampling: SamplingParams
     is_eval: bool
     min_version: int
-    def __init__(self, sample_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., group_size: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., is_eval: _Optional[bool] = ..., min_version: _Optional[int] = ...) -> None: ...
+    episode: Episode
+    def __init__(self, sample_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., group_size: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., is_eval: _Optional[bool] = ..., min_version: _Optional[int] = ..., episode: _Optional[_Union[Episode, _Mapping]] = ...) -> None: ...
+
+class Episode(_message.Message):
+    __slots__ = ("env", "task_json", "max_turns", "max_tokens", "max_observation_chars")
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    TASK_JSON_FIELD_NUMBER: _ClassVar[int]
+    MAX_TURNS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_OBSERVATION_CHARS_FIELD_NUMBER: _ClassVar[int]
+    env: str
+    task_json: str
+    max_turns: int
+    max_tokens: int
+    max_observation_chars: int
+    def __init__(self, env: _Optional[str] = ..., task_json: _Optional[str] = ..., max_turns: _Optional[int] = ..., max_tokens: _Optional[int] = ..., max_observation_chars: _Optional[int] = ...) -> None: ...
 
 class VersionSpan(_message.Message):
     __slots__ = ("version", "start_token", "end_token")

@@ -169,6 +169,13 @@ class RolloutBackend(ABC):
         """
 
     @property
+    def tokenizer_path(self) -> str | None:
+        """The HF folder whose tokenizer and chat template the served model uses (multi-turn
+        episodes tokenize observations with it): the backend config's `model`, or None."""
+        model = getattr(getattr(self, "cfg", None), "model", None)
+        return str(model) if model else None
+
+    @property
     @abstractmethod
     def weight_version(self) -> int | None:
         """The version served now, or None while no whole version is held."""

@@ -24,13 +24,16 @@ observation would not fit ends there with finish reason "length".
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from envs.base import Environment, EpisodeLimits
+from envs.registry import make_env
 from gateway import messages as m
 
 Generate = Callable[[m.Prompt], Awaitable[tuple[m.Completion, ...]]]
@@ -70,9 +73,14 @@ class TurnGlue:
 _TURN, _OBS = "\u2063TURN\u2063", "\u2063OBSERVATION\u2063"
 
 
-def chat_glue(tokenizer: Any, end_ids: Sequence[int]) -> TurnGlue:
+def chat_glue(tokenizer: Any, end_ids: Sequence[int] | None = None) -> TurnGlue:
     """The `TurnGlue` of a Hugging Face tokenizer's chat template, read off a rendered
     conversation (user, assistant `_TURN`, user `_OBS`, then the generation prompt).
+
+    Args:
+        end_ids: ids that end a model turn by themselves; None: the template's own end of turn
+            (the first token after an assistant turn, when it is a special token, e.g.
+            ChatML's ``<|im_end|>``).
 
     Raises:
         ValueError: the template does not render the sentinel turns in order (not a chat
@@ -89,9 +97,18 @@ def chat_glue(tokenizer: Any, end_ids: Sequence[int]) -> TurnGlue:
         raise ValueError("the chat template does not render alternating user / assistant turns")
     between = list(tokenizer.encode(text[a + len(_TURN) : o], add_special_tokens=False))
     after = list(tokenizer.encode(text[o + len(_OBS) :], add_special_tokens=False))
+    special = set(getattr(tokenizer, "all_special_ids", ()))
+    if end_ids is None:
+        end_ids = between[:1] if between and between[0] in special else []
     ends = tuple(int(i) for i in end_ids)
     head = between[:1] if between and between[0] in ends else []
     return TurnGlue(tuple(head), tuple(between[len(head) :]), tuple(after), ends)
+
+
+def derived_seed(seed: int | None, salt: int) -> int | None:
+    """A distinct 31-bit seed per sample and per turn from the prompt's seed (None stays
+    None: the engine's own streams, already distinct per request id)."""
+    return None if seed is None else (seed * 1_000_003 + salt + 1) & 0x7FFFFFFF
 
 
 async def run_episode(
@@ -127,12 +144,14 @@ async def run_episode(
             finish = "length"
             break
         sampling = dataclasses.replace(
-            prompt.sampling, max_new_tokens=min(prompt.sampling.max_new_tokens, room)
+            prompt.sampling,
+            max_new_tokens=min(prompt.sampling.max_new_tokens, room),
+            seed=derived_seed(prompt.sampling.seed, turn),
         )
         history = np.concatenate([prompt.token_ids, np.asarray(ids, np.int32)]).astype(np.int32)
         sub = dataclasses.replace(
             prompt, sample_id=f"{prompt.sample_id}/t{turn}", token_ids=history, group_size=1,
-            sampling=sampling,
+            sampling=sampling, episode=None,
         )  # fmt: skip
         (c,) = await generate(sub)
         turns += 1
@@ -169,3 +188,79 @@ async def run_episode(
         forced_positions=tuple(forced),
     )
     return record, reward, turns
+
+
+class EpisodeRunner:
+    """Plays the G episodes of a prompt that carries a `gateway.messages.Episode`, on one
+    backend: the engine worker's path for such prompts.
+
+    Loads the tokenizer of the HF folder the backend serves once (on the first episode, off
+    the event loop) and reads the chat template's turn ids from it (`chat_glue`). Each of the
+    G samples gets its own environment (`envs.registry.make_env`) and its own sample id
+    ("<sample id>/s<g>", so its turns draw their own random streams).
+
+    Args:
+        tokenizer_path: the HF folder (or hub id) whose tokenizer and chat template the
+            backend's model uses.
+    """
+
+    def __init__(self, tokenizer_path: str) -> None:
+        self.tokenizer_path = tokenizer_path
+        self._tokenizer: Any = None
+        self._glue: TurnGlue | None = None
+        self._lock = asyncio.Lock()
+
+    def _load(self) -> tuple[Any, TurnGlue]:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
+        return tokenizer, chat_glue(tokenizer)
+
+    async def group(self, generate: Generate, prompt: m.Prompt) -> tuple[m.Completion, ...]:
+        """The G episodes of `prompt`, in sample order (each the record `run_episode` makes).
+
+        Raises:
+            ValueError: no episode, an unknown environment, a task that is not a JSON object
+                or that the environment refuses (the worker returns the group aborted).
+        """
+        ep = prompt.episode
+        if ep is None:
+            raise ValueError(f"prompt {prompt.sample_id!r} carries no episode")
+        try:
+            task = json.loads(ep.task_json)
+        except json.JSONDecodeError as e:
+            raise ValueError(
+                f"prompt {prompt.sample_id!r}: the episode task is not JSON: {e}"
+            ) from None
+        if not isinstance(task, dict):
+            raise ValueError(f"prompt {prompt.sample_id!r}: the episode task is not a JSON object")
+        limits = EpisodeLimits(ep.max_turns, ep.max_tokens, ep.max_observation_chars)
+        envs = [make_env(ep.env) for _ in range(prompt.group_size)]
+        async with self._lock:
+            if self._glue is None:
+                self._tokenizer, self._glue = await asyncio.to_thread(self._load)
+        tok, glue = self._tokenizer, self._glue
+        assert glue is not None
+
+        def encode(text: str) -> list[int]:
+            return list(tok.encode(text, add_special_tokens=False))
+
+        def decode(ids: Sequence[int]) -> str:
+            return str(tok.decode(list(ids), skip_special_tokens=True))
+
+        samples = [
+            dataclasses.replace(
+                prompt,
+                sample_id=f"{prompt.sample_id}/s{g}",
+                group_size=1,
+                sampling=dataclasses.replace(
+                    prompt.sampling, seed=derived_seed(prompt.sampling.seed, g)
+                ),
+            )  # fmt: skip
+            for g in range(prompt.group_size)
+        ]
+        played = await asyncio.gather(
+            *(run_episode(generate, p, env, task, encode, decode, glue, limits)
+              for p, env in zip(samples, envs, strict=True))
+        )  # fmt: skip
+        return tuple(record for record, _, _ in played)

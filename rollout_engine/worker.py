@@ -64,6 +64,7 @@ from rollout_engine.backend import (
 )
 from rollout_engine.calls import EngineDropped, GatewayCaller, GatewayLost
 from rollout_engine.config import WorkerConfig
+from rollout_engine.episode import EpisodeRunner
 from transport.sync_plan import SyncPlan, SyncPlanError
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,7 @@ class EngineWorker:
         self._directive: m.SyncDirective | None = None
         self._directive_event = asyncio.Event()
         self._attempted = (0, "")  # (version, plan group) of the last sync attempted
+        self._episodes: EpisodeRunner | None = None
         self._syncing = False
         self._failed = False
         self._group: tuple | None = None  # (generation, transport) of the group joined
@@ -248,6 +250,19 @@ class EngineWorker:
             if lease.shutting_down:
                 self._end(SHUTDOWN)
 
+    def _episode_runner(self) -> EpisodeRunner:
+        """The runner of multi-turn prompts, made on the first one (the backend's tokenizer).
+
+        Raises:
+            ValueError: the backend names no model folder to take a tokenizer from.
+        """
+        if self._episodes is None:
+            path = self.backend.tokenizer_path
+            if not path:
+                raise ValueError("this backend names no tokenizer, so it cannot play episodes")
+            self._episodes = EpisodeRunner(path)
+        return self._episodes
+
     def _done(self, task: asyncio.Task) -> None:
         self._inflight.pop(task, None)
         self._changed.set()
@@ -257,7 +272,10 @@ class EngineWorker:
         version = self.backend.weight_version
         try:
             check_prompt(prompt)
-            completions = await self.backend.generate(prompt)
+            if prompt.episode is not None:
+                completions = await self._episode_runner().group(self.backend.generate, prompt)
+            else:
+                completions = await self.backend.generate(prompt)
             group = group_of(prompt, completions, time.monotonic() - t0)
         except ValueError as e:
             log.warning("prompt %s refused: %s", prompt.sample_id, e)

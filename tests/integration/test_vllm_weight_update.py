@@ -14,8 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from envs.registry import make_env
 from gateway import convert as cv
 from gateway import messages as m
+from rollout_engine.episode import chat_glue
 from trainer.checkpoints.tiny import make_tiny_checkpoint
 from transport.manifest import Manifest, ManifestError
 
@@ -78,6 +80,72 @@ def test_serves_model_a_at_version_0(world):
         assert tokens == H.hf_greedy(world["hf"]["A"], prompt, 12)
         assert sample.version_spans == ((0, 0, 12),)
         assert sample.finish_reason == "length"
+
+
+def _episode(world, sampling: m.SamplingParams):
+    """One countdown episode (3 turns, a real reasoning-gym entry) on the engine serving A,
+    played by the worker's episode runner; returns (prompt ids, record, tokenizer)."""
+    import reasoning_gym
+    from transformers import AutoTokenizer
+
+    from rollout_engine.episode import EpisodeRunner
+
+    tok = AutoTokenizer.from_pretrained(world["A"])
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "reach 116"}], tokenize=False, add_generation_prompt=True
+    )
+    ids = tok.encode(text, add_special_tokens=False)
+    entry = reasoning_gym.create_dataset("countdown", size=1, seed=1, min_numbers=3,
+                                         max_numbers=3)[0]  # fmt: skip
+    episode = m.Episode("countdown", json.dumps({"entry": entry}), 3, 400, 200)
+    prompt = m.Prompt("ep", np.asarray(ids, np.int32), 1, sampling, episode=episode)
+    (record,) = run(world, EpisodeRunner(str(world["A"])).group(world["backend"].generate, prompt))
+    return ids, record, tok, entry
+
+
+def _turn_starts(record: m.Completion) -> list[int]:
+    forced = set(record.forced_positions)
+    n = len(record.token_ids)
+    return [j for j in range(n) if j not in forced and (j == 0 or j - 1 in forced)]
+
+
+def test_multi_turn_episode_token_for_token(world):
+    """Issue 17 on vLLM: each model turn of a 3-turn episode is transformers' greedy
+    continuation of the whole history (as token ids), the observations are the template's ids
+    around countdown's feedback, and only the model's tokens are outside the forced mask."""
+    greedy_turns = m.SamplingParams(temperature=0.0, max_new_tokens=6, ignore_eos=True)
+    prompt_ids, record, tok, entry = _episode(world, greedy_turns)
+    starts = _turn_starts(record)
+    assert len(starts) == 3 and record.finish_reason == "length"
+    ids = record.token_ids.tolist()
+    env, glue = make_env("countdown"), chat_glue(tok)  # the feedback replayed on the turns
+    env.reset({"entry": entry})
+    for k, start in enumerate(starts):
+        history = prompt_ids + ids[:start]
+        turn = ids[start : start + 6]
+        assert turn == H.hf_greedy(world["hf"]["A"], history, 6), k
+        feedback = env.step(tok.decode(turn, skip_special_tokens=True)).observation
+        if k < 2:
+            assert feedback is not None
+            want = glue.around(turn, tok.encode(feedback, add_special_tokens=False))
+            assert ids[start + 6 : starts[k + 1]] == want, k
+            text = tok.decode(want)
+            assert text.startswith("<|im_end|>\n<|im_start|>user\n") and text.endswith(
+                "<|im_end|>\n<|im_start|>assistant\n"
+            )
+    model = [j for s in starts for j in range(s, s + 6)]
+    assert sorted(set(range(len(ids))) - set(record.forced_positions)) == model
+
+
+def test_multi_turn_turn_three_logprobs_equal_a_full_forward(world):
+    """vLLM's log-probs of turn 3 (T=0.7, sampled after two turns and two observations in its
+    prefix cache) equal transformers' forward of the whole sequence within 1e-4."""
+    hot = m.SamplingParams(temperature=0.7, max_new_tokens=6, ignore_eos=True, seed=11)
+    prompt_ids, record, _, _ = _episode(world, hot)
+    third = _turn_starts(record)[2]
+    ids = record.token_ids.tolist()
+    full = H.hf_logprobs(world["hf"]["A"], prompt_ids, ids, 0.7)
+    np.testing.assert_allclose(record.logprobs[third:], full[third:], atol=1e-4, rtol=0)
 
 
 def test_update_to_b_matches_transformers(world):

@@ -7,6 +7,7 @@ a fresh forward of the whole sequence within 1e-5 (fp32)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import ClassVar
 
 import jax
@@ -17,7 +18,7 @@ from transformers import AutoTokenizer
 
 from envs.base import Environment, EpisodeLimits, StepResult
 from gateway import messages as m
-from rollout_engine.episode import chat_glue, run_episode
+from rollout_engine.episode import chat_glue, derived_seed, run_episode
 from rollout_engine.jax.backend import JaxBackend, JaxBackendConfig
 from trainer.checkpoints.hf_io import load_hf_checkpoint
 from trainer.checkpoints.tiny import make_tiny_checkpoint
@@ -73,7 +74,8 @@ def _play(path, tok, im_end, sampling: m.SamplingParams, limits: EpisodeLimits):
             turns_alone = []
             for t, start in enumerate(_starts(record)):
                 history = np.asarray(prompt_ids + record.token_ids[:start].tolist(), np.int32)
-                (c,) = await backend.generate(m.Prompt(f"ep0/t{t}", history, 1, sampling))
+                turn = dataclasses.replace(sampling, seed=derived_seed(sampling.seed, t))
+                (c,) = await backend.generate(m.Prompt(f"ep0/t{t}", history, 1, turn))
                 turns_alone.append(c)
             return record, reward, turns, env.seen, turns_alone
         finally:
