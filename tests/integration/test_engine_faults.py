@@ -282,7 +282,9 @@ def test_a_run_whose_only_engine_dies_heals(tmp_path, trainer_processes, data_pl
     requeued = [e for e in events if e["event"] == "leases_requeued"]
     assert [e["engine"] for e in requeued] == [killed["engine"]] and requeued[0]["prompts"] > 0
     reborn = [e for e in events if e["event"] == "registered" and e["t"] > killed["t"]]
-    assert len(reborn) == 1 and reborn[0]["current"] == killed["version"]
+    # the trainer may publish one more version from groups it already held while the engine
+    # restarts (a push then waits for an engine): the restarted engine meets that one
+    assert len(reborn) == 1 and reborn[0]["current"] >= killed["version"]
     mine = [e for e in events if e.get("engine") == reborn[0]["engine"]]
     kinds = [e["event"] for e in mine]
     first_load = kinds.index("loaded")
