@@ -124,11 +124,15 @@ async def run_episode(
     """Play one episode of `prompt` (built from `env.reset(task)`'s first observation; reset
     here again starts the environment's state) with `prompt.sampling` for every turn.
 
+    An engine that refuses a later turn (its history outgrew the engine's context) ends the
+    episode after the last model turn, finish reason "length".
+
     Returns:
         (the episode's record, the environment's last reward or None, model turns played).
 
     Raises:
-        ValueError: the task does not fit the environment (`Environment.reset`).
+        ValueError: the task does not fit the environment (`Environment.reset`), or the engine
+            refused the first turn (the prompt does not fit it).
     """
     env.reset(task)
     ids: list[int] = []
@@ -137,7 +141,7 @@ async def run_episode(
     spans: list[tuple[int, int, int]] = []
     versions: list[int] = []
     reward: float | None = None
-    finish, turns = "length", 0
+    finish, turns, observed = "length", 0, 0
     for turn in range(limits.max_turns):
         room = limits.max_tokens - len(ids)
         if room < 1:
@@ -153,7 +157,15 @@ async def run_episode(
             prompt, sample_id=f"{prompt.sample_id}/t{turn}", token_ids=history, group_size=1,
             sampling=sampling, episode=None,
         )  # fmt: skip
-        (c,) = await generate(sub)
+        try:
+            (c,) = await generate(sub)
+        except ValueError:
+            if turn == 0:  # the prompt itself does not fit the engine: refused as a whole
+                raise
+            del ids[observed:], logprobs[observed:]  # the history outgrew the engine's context:
+            forced = [j for j in forced if j < observed]  # end after the last model turn
+            finish = "length"
+            break
         turns += 1
         start = len(ids)
         ids += c.token_ids.tolist()
@@ -175,6 +187,7 @@ async def run_episode(
         if len(ids) + len(extra) >= limits.max_tokens:
             finish = "length"
             break
+        observed = len(ids)
         forced += range(len(ids), len(ids) + len(extra))
         ids += extra
         logprobs += [0.0] * len(extra)

@@ -50,8 +50,8 @@ def world(tmp_path_factory):
     return path, tok, im_end
 
 
-def _play(path, tok, im_end, sampling: m.SamplingParams, limits: EpisodeLimits):
-    cfg = JaxBackendConfig(model=str(path), num_slots=2, max_model_len=128, prefill_batch=1,
+def _play(path, tok, im_end, sampling: m.SamplingParams, limits: EpisodeLimits, context=128):
+    cfg = JaxBackendConfig(model=str(path), num_slots=2, max_model_len=context, prefill_batch=1,
                            temperature=sampling.temperature, stop_token_ids=(im_end,))  # fmt: skip
     glue = chat_glue(tok, (im_end,))
     text = tok.apply_chat_template(
@@ -150,3 +150,23 @@ def test_budget_ends_the_episode_with_length(world):
     (record, reward, turns, _, _), _, _ = _play(path, tok, im_end, greedy, EpisodeLimits(4, 8))
     assert turns == 1 and reward is None and record.finish_reason == "length"
     assert record.forced_positions == () and 1 <= len(record.token_ids) <= 6
+
+
+def test_a_history_past_the_engine_context_ends_after_the_last_model_turn(world):
+    """The engine fits the prompt and turn 1 but not turn 2 after the observation: the episode
+    ends after turn 1 ("length"), without the observation it could not answer; a prompt that
+    does not fit at all is refused (ValueError), as a single-turn prompt is."""
+    path, tok, im_end = world
+    greedy = m.SamplingParams(temperature=0.0, max_new_tokens=6)
+    text = tok.apply_chat_template([{"role": "user", "content": "add 40 and 2"}], tokenize=False,
+                                   add_generation_prompt=True)  # fmt: skip
+    n = len(tok.encode(text, add_special_tokens=False))
+    (record, _, turns, seen, alone), _, _ = _play(
+        path, tok, im_end, greedy, EpisodeLimits(4, 200), context=n + 6 + 4
+    )
+    assert turns == 1 and len(seen) == 1 and record.finish_reason == "length"
+    assert (
+        record.forced_positions == () and record.token_ids.tolist() == alone[0].token_ids.tolist()
+    )
+    with pytest.raises(ValueError):
+        _play(path, tok, im_end, greedy, EpisodeLimits(4, 200), context=n + 2)
