@@ -20,7 +20,6 @@ import reasoning_gym
 from transformers import AutoTokenizer
 
 from gateway import messages as m
-from gateway.config import RunSettings
 from gateway.errors import GatewayError
 from rollout_engine.config import WorkerConfig
 from rollout_engine.episode import EpisodeRunner
@@ -174,7 +173,6 @@ def _contains(ids: list[int], sub: list[int]) -> bool:
 
 
 def test_gateway_settings_hold_the_episode_bounds():
-    assert RunSettings is not None  # the gateway module set imports with episodes
     server, trainer, engine = h.start_gateway(max_turns=2)
     try:
         p = m.Prompt("t", np.asarray([1, 2], np.int32), 1, m.SamplingParams(max_new_tokens=4),
