@@ -132,9 +132,16 @@ def rendezvous_store(
     port of `port .. port + port_count - 1`, port 0 picks one) and handed to the store, which
     would otherwise listen on every interface whatever `host` says.
 
+    A receiver connects with `STORE_CONNECT_S` as its limit, then waits up to `timeout_s` for
+    keys: the master exists before any plan names it, so a store nobody answers at is a group
+    the sender already dropped (a late joiner of a broken attempt). torch retries a refused
+    connection for about 2.5 times its timeout, so with `timeout_s` as the connect limit (300 s)
+    such an engine was held in the connect for over ten minutes, deaf to the re-planned push
+    (seen in CI: the re-plan's wait for "ready" ran out on it).
+
     Raises:
         OSError: no port of the range is free. RuntimeError (from torch): no master answers
-            in `timeout_s`.
+            within about 2.5 x `STORE_CONNECT_S` seconds.
     """
     import datetime
 
@@ -148,7 +155,16 @@ def rendezvous_store(
             host, bound, world_size, is_master=True, timeout=timeout, wait_for_workers=False,
             master_listen_fd=sock.detach(), use_libuv=True,
         )  # fmt: skip
-    return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+    connect = datetime.timedelta(seconds=min(timeout_s, STORE_CONNECT_S))
+    store = dist.TCPStore(host, port, world_size, is_master=False, timeout=connect)
+    store.set_timeout(timeout)
+    return store
+
+
+STORE_CONNECT_S = 5.0
+"""Seconds a receiver's store client tries to reach the sender's store (torch retries within
+about 2.5 times this): the store is up before its plan is published, so only a dropped group
+is unreachable."""
 
 
 PIPELINE_DEPTH = 2

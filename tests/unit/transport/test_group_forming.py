@@ -11,7 +11,7 @@ import time
 import pytest
 
 from transport.base import TransferError
-from transport.collective import announce_join, rendezvous_store
+from transport.collective import STORE_CONNECT_S, announce_join, rendezvous_store
 from transport.gloo import GlooReceiver, GlooSender
 
 
@@ -78,4 +78,29 @@ def test_a_member_that_announced_but_never_built_its_group_is_a_transfer_error()
     with pytest.raises(TransferError, match="forming the group failed"):
         sender.connect(lambda: None)
     assert sender._group is None
+    sender.close()
+
+
+def test_a_late_joiner_of_a_dropped_group_fails_in_seconds_not_the_timeout():
+    """An engine that reaches a plan's connect after the sender dropped that group (the push
+    re-planned meanwhile) finds no store: it fails within a few `STORE_CONNECT_S` instead of
+    retrying for the transport's `timeout_s` (it was held there past the re-plan's wait for
+    "ready" in CI), so it can take the new plan."""
+    sender = GlooSender("127.0.0.1", 0, num_receivers=1, timeout_s=120)
+    port = sender.port
+    sender.close()
+    late = GlooReceiver("127.0.0.1", port, 1, 2, timeout_s=300)
+    t0 = time.monotonic()
+    with pytest.raises(TransferError, match="forming the group failed"):
+        late.connect()
+    assert time.monotonic() - t0 < 4 * STORE_CONNECT_S  # not the 300 s rendezvous limit
+    assert late._group is None
+
+
+def test_a_joined_store_keeps_the_rendezvous_limit_for_its_waits():
+    """The short connect limit is for reaching the store only: the client then waits for keys
+    up to the transport's `timeout_s`."""
+    sender = GlooSender("127.0.0.1", 0, num_receivers=1, timeout_s=120)
+    store = rendezvous_store("127.0.0.1", sender.port, 2, 90, master=False)
+    assert store.timeout.total_seconds() == 90
     sender.close()
