@@ -127,6 +127,9 @@ def completion_to_pb(c: m.Completion) -> rpb.Completion:
         first_token_s=c.first_token_s,
         generation_s=c.generation_s,
         forced_positions=list(c.forced_positions),
+        turns=c.turns,
+        observations=c.observations,
+        env_reward=c.env_reward,
     )
     _merge_logprobs(pb, c.logprobs)
     return pb
@@ -144,6 +147,9 @@ def completion_from_pb(c: rpb.Completion) -> m.Completion:
         first_token_s=c.first_token_s,
         generation_s=c.generation_s,
         forced_positions=tuple(c.forced_positions),
+        turns=c.turns,
+        observations=c.observations,
+        env_reward=c.env_reward if c.HasField("env_reward") else None,
     )
 
 

@@ -113,6 +113,11 @@ class Completion:
         first_token_s, generation_s: seconds from the engine taking the prompt.
         forced_positions: indices into token_ids (ascending) of tokens the engine wrote without
             sampling them (log-prob 0); the trainer masks them out of the loss.
+        turns: model turns of a multi-turn episode (>= 1), 0 for a single-turn completion.
+        observations: environment messages appended between the episode's turns (tool
+            results, a game's feedback); their tokens are among `forced_positions`.
+        env_reward: the environment's own reward of the episode (a game's checker), or None
+            when it does not score one (the verifier then scores the last model turn).
         reward: the verifier's score, set by the trainer (None until scored; not on the wire).
         text: the decoded completion, when someone decoded it (not on the wire).
 
@@ -129,6 +134,9 @@ class Completion:
     first_token_s: float = 0.0
     generation_s: float = 0.0
     forced_positions: tuple[int, ...] = ()
+    turns: int = 0
+    observations: int = 0
+    env_reward: float | None = None
     reward: float | None = None
     text: str | None = None
 
@@ -145,7 +153,8 @@ class Completion:
 
         Raises:
             ValueError: token ids and log-probs of different lengths, versions negative or out
-                of order, an empty finish reason, a forced position outside the completion, or
+                of order, an empty finish reason, a forced position outside the completion,
+                episode counts out of range (observations < turns), a non-finite env reward, or
                 a version span outside [version_start, version_end] x [0, L] (the gateway's
                 check, `gateway.validate`).
         """
@@ -166,6 +175,13 @@ class Completion:
                 f"forced_positions must index the {n} completion tokens; "
                 f"got {list(self.forced_positions)[:8]}"
             )
+        if self.turns < 0 or not 0 <= self.observations <= max(self.turns - 1, 0):
+            raise ValueError(
+                "need turns >= 0 and 0 <= observations < turns; got "
+                f"{self.turns} turns, {self.observations} observations"
+            )
+        if self.env_reward is not None and not np.isfinite(self.env_reward):
+            raise ValueError(f"env_reward must be finite; got {self.env_reward}")
         v0, v1 = self.version_start, self.version_end
         for v, a, b in self.version_spans:
             if not (v0 <= v <= v1 and 0 <= a <= b <= n):

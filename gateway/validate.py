@@ -136,6 +136,14 @@ def check_completion(
             f"{where}: expected forced_positions ascending, unique and in [0, {n}), got "
             f"{len(forced)} positions starting {forced[:4]}"
         )
+    t, o = completion.turns, completion.observations
+    if t < 0 or not 0 <= o <= max(t - 1, 0):
+        raise invalid(
+            f"{where}: expected turns >= 0 and 0 <= observations < turns, got {t} turns and "
+            f"{o} observations"
+        )
+    if completion.HasField("env_reward") and not math.isfinite(completion.env_reward):
+        raise invalid(f"{where}: expected a finite env_reward, got {completion.env_reward}")
     for span in completion.version_spans:
         if not (v0 <= span.version <= v1 and 0 <= span.start_token <= span.end_token <= n):
             raise invalid(

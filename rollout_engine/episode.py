@@ -14,7 +14,10 @@ The result is the one rollout record (`gateway.messages.Completion`) of the whol
 environment tokens); `forced_positions` = every environment token (and any token a backend
 forced), so the loss counts only what the model sampled; `version_spans` of each turn shifted
 to its place (environment tokens fall between spans and are masked anyway), so the lag filter
-and the off-policy corrections apply per token as for one turn.
+and the off-policy corrections apply per token as for one turn; `turns` and `observations`
+count the model turns and the observations between them, and `env_reward` carries the
+environment's own reward (None when it scores nothing: the trainer's verifier then scores the
+last model turn).
 
 Bounds (`envs.base.EpisodeLimits`): at most `max_turns` model turns and `max_tokens` tokens after
 the prompt (model and environment together; each turn's `max_new_tokens` is cut to what is
@@ -141,7 +144,7 @@ async def run_episode(
     spans: list[tuple[int, int, int]] = []
     versions: list[int] = []
     reward: float | None = None
-    finish, turns, observed = "length", 0, 0
+    finish, turns, observed, observations = "length", 0, 0, 0
     for turn in range(limits.max_turns):
         room = limits.max_tokens - len(ids)
         if room < 1:
@@ -164,6 +167,7 @@ async def run_episode(
                 raise
             del ids[observed:], logprobs[observed:]  # the history outgrew the engine's context:
             forced = [j for j in forced if j < observed]  # end after the last model turn
+            observations -= 1
             finish = "length"
             break
         turns += 1
@@ -188,6 +192,7 @@ async def run_episode(
             finish = "length"
             break
         observed = len(ids)
+        observations += 1
         forced += range(len(ids), len(ids) + len(extra))
         ids += extra
         logprobs += [0.0] * len(extra)
@@ -199,6 +204,9 @@ async def run_episode(
         version_end=max(versions) if versions else 0,
         version_spans=tuple(spans),
         forced_positions=tuple(forced),
+        turns=turns,
+        observations=observations,
+        env_reward=reward,
     )
     return record, reward, turns
 

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+if TYPE_CHECKING:
+    from trainer.episodes import EpisodeSetup
 
 LossName = Literal["grpo", "dr_grpo", "dapo", "cispo"]
 Aggregation = Literal["seq_mean_token_mean", "token_mean", "seq_sum_constant"]
@@ -168,6 +171,36 @@ class RolloutSection(_Section):
     """Seconds the trainer waits for engines to load a new version."""
     scoring_workers: int = Field(default=2, ge=1)
     """Threads scoring completions."""
+    env: str | None = None
+    """A multi-turn environment (`envs.registry`: "calculator", "countdown"): each of the G
+    samples is then an episode of model turns and the environment's observations, played by
+    the engine (`rollout_engine.episode`), with max_new_tokens the bound of each model turn;
+    None: one completion per sample."""
+    max_turns: int = Field(default=4, ge=1)
+    """Model turns per episode at most (with `env`)."""
+    episode_tokens: int | None = Field(default=None, ge=1)
+    """Tokens after the prompt per episode at most, model and observation tokens together
+    (with `env`); None: max_turns * max_new_tokens."""
+    max_observation_chars: int = Field(default=1024, ge=1)
+    """An observation is cut to this many characters (with `env`)."""
+
+    @field_validator("env")
+    @classmethod
+    def _known_env(cls, v: str | None) -> str | None:
+        from envs.registry import ENVIRONMENTS
+
+        if v is not None and v not in ENVIRONMENTS:
+            raise ValueError(f"expected one of {sorted(ENVIRONMENTS)} or null, got {v!r}")
+        return v
+
+    def episodes(self) -> EpisodeSetup | None:
+        """The run's `trainer.episodes.EpisodeSetup`, or None without `env`."""
+        from trainer.episodes import EpisodeSetup
+
+        if self.env is None:
+            return None
+        tokens = self.episode_tokens or self.max_turns * self.max_new_tokens
+        return EpisodeSetup(self.env, self.max_turns, tokens, self.max_observation_chars)
 
     def prompts_ahead(self, prompts_per_step: int) -> int:
         """Prompts kept submitted beyond those the current update still needs."""

@@ -44,6 +44,7 @@ from gateway.client import GatewayClient
 from trainer.batch import build_rl_batch, tokens_per_lag
 from trainer.checkpointing import Checkpointer, Progress
 from trainer.config import Config
+from trainer.episodes import episode_metrics
 from trainer.filters import FilterResult
 from trainer.gap import summarize_gap
 from trainer.models.decoder import Decoder
@@ -360,6 +361,7 @@ class AsyncTrainer:
             "completions_at_length_limit": sum(
                 c.finish_reason == "length" for g in got.filtered.kept for c in g.completions
             ),
+            **episode_metrics(got.filtered.kept),
             "tokens_per_s": completion_tokens / total_s,
             "train_tokens_per_s": float(batch.seq_lens.sum()) / step_s,
             "step_time_s": step_s,

@@ -31,6 +31,7 @@ import numpy as np
 
 from gateway import messages as m
 from gateway.client import GatewayClient
+from trainer.episodes import EpisodeSetup
 from trainer.positions import ConsumedPositions, PositionLedger
 from trainer.rewards.base import Problem
 from trainer.rewards.problem_stream import ProblemStream
@@ -50,6 +51,32 @@ def attempt_of(sample_id: str) -> int:
     """The attempt a training sample id was submitted in (0 when it carries none)."""
     _, sep, tail = sample_id.partition(":")[0].partition("@")
     return int(tail) if sep and tail.isdigit() else 0
+
+
+def prompt_of(
+    sample_id: str,
+    problem: Problem,
+    encode: Encode,
+    group_size: int,
+    sampling: m.SamplingParams,
+    episodes: EpisodeSetup | None = None,
+    **fields: object,
+) -> m.Prompt:
+    """The prompt of `problem`: `encode`d question (the environment's first message and the
+    `Episode` when `episodes` is given); `fields` are further `Prompt` fields (min_version,
+    is_eval).
+
+    Raises:
+      ValueError: the environment refuses the problem's task.
+    """
+    if episodes is None:
+        ids, episode = encode(problem), None
+    else:
+        ids, episode = encode(episodes.as_prompt_problem(problem)), episodes.episode_of(problem)
+    return m.Prompt(
+        sample_id=sample_id, token_ids=np.asarray(ids, np.int32), group_size=group_size,
+        sampling=sampling, episode=episode, **fields,  # type: ignore[arg-type]
+    )  # fmt: skip
 
 
 def group_from_gateway(group: m.RolloutGroup) -> RolloutGroup:
@@ -81,6 +108,9 @@ class RolloutSource:
       ledger: consumed and in-flight positions (a resumed one from the checkpoint); None: a
         fresh ledger whose frontier is ``problems.position``.
       attempt: resumes of this run so far (tags sample ids, see the module docstring).
+      episodes: given, every prompt is G multi-turn episodes of this environment
+        (`trainer.episodes`): its token ids encode the environment's first message, and its
+        `Episode` carries the task and bounds.
     """
 
     def __init__(
@@ -97,6 +127,7 @@ class RolloutSource:
         score_timeout_s: float = 60.0,
         ledger: PositionLedger | None = None,
         attempt: int = 0,
+        episodes: EpisodeSetup | None = None,
     ):
         if group_size < 1 or fetch_timeout_s <= 0 or fetch_max_groups < 1 or attempt < 0:
             raise ValueError(
@@ -116,6 +147,7 @@ class RolloutSource:
             ledger if ledger is not None else PositionLedger(ConsumedPositions(problems.position))
         )
         self.attempt = attempt
+        self.episodes = episodes
         self.submitted = 0
         self.consumed = 0
         self.stale_groups = 0
@@ -189,13 +221,15 @@ class RolloutSource:
             problem = self.problems.at(position)
             batch.append((sample_id_for(position, problem, self.attempt), position, problem))
         prompts = [
-            m.Prompt(
-                sample_id=sid,
-                token_ids=np.asarray(self.encode(problem), np.int32),
-                group_size=self.group_size,
-                sampling=self._sampling_for(problem),
+            prompt_of(
+                sid,
+                problem,
+                self.encode,
+                self.group_size,
+                self._sampling_for(problem),
+                self.episodes,
                 min_version=min_version,
-            )
+            )  # fmt: skip
             for sid, _, problem in batch
         ]
         with self._lock:

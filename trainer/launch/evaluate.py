@@ -28,10 +28,11 @@ import numpy as np
 
 from gateway import messages as m
 from gateway.client import GatewayClient
+from trainer.episodes import EpisodeSetup
 from trainer.launch.silence import SilenceClock
-from trainer.rewards.base import Problem
+from trainer.rewards.base import Problem, final_turn
 from trainer.rewards.scoring import ScoringPool
-from trainer.rollout_source import group_from_gateway
+from trainer.rollout_source import group_from_gateway, prompt_of
 from trainer.rollouts import RolloutGroup
 
 
@@ -77,6 +78,7 @@ def gather_eval_groups(
     timeout_key: str = "eval.timeout_s",
     on_training_group: Callable[[m.RolloutGroup], None] | None = None,
     stale: list[int] | None = None,
+    episodes: EpisodeSetup | None = None,
 ) -> tuple[list[tuple[Problem, RolloutGroup]], int]:
     """Submit `problems` as eval prompts at weight `version` (`samples` completions each), and
     return the scored groups in problem order with the count of training groups fetched
@@ -90,6 +92,7 @@ def gather_eval_groups(
       on_training_group: given, each training group fetched meanwhile is handed to it (and
         counted) instead of dropped.
       stale: given, its first item grows by the groups of other evaluations fetched (dropped).
+      episodes: given, each prompt is played as episodes of this environment (as in training).
 
     Raises:
       ValueError: no problems; TimeoutError: no group (nor any of the `expect_drained`
@@ -101,14 +104,7 @@ def gather_eval_groups(
         raise ValueError("evaluate needs at least one held-out problem")
     by_id = {f"eval/{tag}/{i}": p for i, p in enumerate(problems)}
     prompts = [
-        m.Prompt(
-            sample_id=sid,
-            token_ids=np.asarray(encode(p), np.int32),
-            group_size=samples,
-            sampling=sampling,
-            is_eval=True,
-            min_version=version,
-        )
+        prompt_of(sid, p, encode, samples, sampling, episodes, is_eval=True, min_version=version)
         for sid, p in by_id.items()
     ]
     client.submit_prompts(prompts)
@@ -160,6 +156,7 @@ def evaluate(
     on_progress: Callable[[int, int], None] | None = None,
     timeout_key: str = "eval.timeout_s",
     on_training_group: Callable[[m.RolloutGroup], None] | None = None,
+    episodes: EpisodeSetup | None = None,
 ) -> EvalResult:
     """Evaluate `problems` at weight `version` (`gather_eval_groups`, whose arguments these
     are); writes ``out_dir/eval_<tag>.jsonl`` (one line per problem: id, rewards, completions
@@ -174,12 +171,18 @@ def evaluate(
         client, problems, encode, scoring, sampling, samples=samples, version=version, tag=tag,
         timeout_s=timeout_s, expect_drained=expect_drained, on_progress=on_progress,
         timeout_key=timeout_key, on_training_group=on_training_group, stale=stale,
+        episodes=episodes,
     )  # fmt: skip
     rewards = np.array([r for _, g in rows for r in g.rewards], np.float64)
     texts_of = [
         [decode(list(c.token_ids)) if decode else None for c in group.completions]
         for _, group in rows
     ]
+    answers_of = [  # an episode's answer is its last model turn (not a tool result's number)
+        [decode(final_turn(c).tolist()) if decode and c.turns else t
+         for c, t in zip(group.completions, texts, strict=True)]
+        for (_, group), texts in zip(rows, texts_of, strict=True)
+    ]  # fmt: skip
     if out_dir is not None:
         with (Path(out_dir) / f"eval_{tag}.jsonl").open("w") as f:
             for (problem, group), texts in zip(rows, texts_of, strict=True):
@@ -199,7 +202,7 @@ def evaluate(
         samples=samples,
         drained=drained,
         seconds=time.monotonic() - t0,
-        metrics=_sample_metrics([g for _, g in rows], texts_of),
+        metrics=_sample_metrics([g for _, g in rows], answers_of),
         stale=stale[0],
     )
 

@@ -106,8 +106,14 @@ def _run_job(job: JobConfig) -> dict[str, Any]:
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     data = load_job_data(job)
     encode = make_encoder(tokenizer, job.data.system_prompt)
-    lengths = [len(encode(p)) for p in [*data.train, *data.held_out]]
-    new_tokens = max(job.run.rollout.max_new_tokens, job.eval.max_new_tokens or 0)
+    episodes = job.run.rollout.episodes()
+    problems = [*data.train, *data.held_out]
+    if episodes is None:
+        lengths = [len(encode(p)) for p in problems]
+        new_tokens = max(job.run.rollout.max_new_tokens, job.eval.max_new_tokens or 0)
+    else:  # the first message, then a whole episode (model turns and observations)
+        lengths = [len(encode(episodes.as_prompt_problem(p))) for p in problems]
+        new_tokens = episodes.max_tokens
     max_len = _context_length(lengths, new_tokens)
     log.info("%d training / %d held-out problems; context %d", len(data.train),
              len(data.held_out), max_len)  # fmt: skip

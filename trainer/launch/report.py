@@ -153,7 +153,8 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
 
 def plot_metrics(run_dir: str | Path) -> Path:
     """Draw mean reward (with +-1 std band) and mean/max lag per step into
-    ``run_dir/reward_lag.png``; returns its path.
+    ``run_dir/reward_lag.png`` (with tool calls per episode beside the lag in a multi-turn
+    run); returns its path.
 
     Raises:
       ValueError: metrics.jsonl has no rows.
@@ -185,7 +186,13 @@ def plot_metrics(run_dir: str | Path) -> Path:
     ax_l.plot(steps, [r["lag_max"] for r in rows], ls="--", label="max lag")
     ax_l.set_ylabel("lag (versions)")
     ax_l.set_xlabel("step")
-    ax_l.legend(loc="best")
+    ax_l.legend(loc="upper left")
+    if any("tool_calls_per_episode" in r for r in rows):  # multi-turn episodes
+        ax_t = ax_l.twinx()
+        ax_t.plot(steps, [r.get("tool_calls_per_episode", np.nan) for r in rows], marker="^",
+                  ms=3, color="tab:green", label="tool calls per episode")  # fmt: skip
+        ax_t.set_ylabel("tool calls per episode")
+        ax_t.legend(loc="upper right")
     ax_l.grid(alpha=0.3)
     title = "reward, held-out accuracy and lag" if evals else "reward and lag"
     fig.suptitle(f"{Path(run_dir).name}: {title} per step")

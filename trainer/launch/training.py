@@ -187,7 +187,7 @@ def train_and_evaluate(
                     timeout_s=job.eval.timeout_s, expect_drained=expect_drained,
                     out_dir=run_dir, decode=decode,
                     on_progress=lambda back, total: reporter.on_eval_progress(tag, back, total),
-                    on_training_group=on_training_group,
+                    on_training_group=on_training_group, episodes=r.episodes(),
                 )  # fmt: skip
 
             def held_out(tag: str, at: int, expect_drained: int = 0) -> EvalResult:
@@ -208,6 +208,7 @@ def train_and_evaluate(
                 fetch_timeout_s=r.fetch_timeout_s,
                 ledger=PositionLedger(consumed),
                 attempt=attempt,
+                episodes=r.episodes(),
             )
             every = EvalEvery(
                 job.eval.every if data.held_out else 0, cfg.trainer.steps,

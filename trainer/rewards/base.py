@@ -12,6 +12,10 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
+import numpy as np
+
+from gateway.messages import Completion
+
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
@@ -55,6 +59,33 @@ class Verifier(abc.ABC):
         Raises:
           ValueError: if `problem` lacks what this verifier needs, or the text is needed and None.
         """
+
+    def score_episode(
+        self, final_text: str | None, completion: Completion, problem: Problem
+    ) -> float:
+        """The reward of a multi-turn episode (`completion.turns` >= 1) whose environment
+        gave no reward of its own: by default `score_completion` of its last model turn
+        (`final_turn`: the answer after the last tool result or feedback, as a single-turn
+        completion of the same problem would give it). Override to read the whole episode
+        (its turns, observations, every token).
+
+        Args:
+            final_text: the last model turn decoded (None when this verifier reads no text).
+            completion: the episode's record: token ids [L], `forced_positions` (the
+                environment's tokens), `turns`, `observations`.
+
+        Raises:
+            ValueError: as `score_completion`.
+        """
+        return self.score_completion(final_text, final_turn(completion).tolist(), problem)
+
+
+def final_turn(completion: Completion) -> np.ndarray:
+    """int32 [L']: the token ids of an episode's last model turn: those after its last forced
+    token (the last observation's tokens, or a phrase the engine forced in that turn); the
+    whole completion when nothing was forced."""
+    forced = completion.forced_positions
+    return completion.token_ids[forced[-1] + 1 :] if forced else completion.token_ids
 
 
 class TextVerifier(Verifier):

@@ -11,7 +11,9 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from trainer.rewards.base import Problem, Verifier, make_verifier
+import numpy as np
+
+from trainer.rewards.base import Problem, Verifier, final_turn, make_verifier
 from trainer.rollouts import RolloutGroup
 
 Decode = Callable[[Sequence[int]], str]
@@ -58,12 +60,20 @@ class ScoringPool:
                 f"group {group.sample_id!r} completion {index} has no text and the pool has no "
                 "decode function"
             )
-        return self._decode(list(comp.token_ids))
+        return self._decoded(comp.token_ids)
+
+    def _decoded(self, ids: np.ndarray) -> str:
+        if self._decode is None:
+            raise ValueError("an episode's last turn needs decoding and the pool has no decode")
+        return self._decode(ids.tolist())
 
     def score_group(self, group: RolloutGroup, problem: Problem) -> RolloutGroup:
         """Score every completion of `group` against `problem`, in the calling thread.
 
-        Completions are decoded only when the verifier reads text and they carry none.
+        Completions are decoded only when the verifier reads text and they carry none. A
+        multi-turn episode (`Completion.turns` >= 1) gets its environment's reward when the
+        environment gave one, else `Verifier.score_episode` (by default the verifier's score
+        of the last model turn, `final_turn`).
 
         Returns:
           A copy of `group` whose completions carry their rewards.
@@ -75,8 +85,14 @@ class ScoringPool:
         verifier = self.verifier(problem.verifier)
         rewards = []
         for i, comp in enumerate(group.completions):
-            text = self._text(group, i) if verifier.needs_text else comp.text
-            rewards.append(verifier.score_completion(text, comp.token_ids.tolist(), problem))
+            if comp.turns and comp.env_reward is not None:  # the environment's own checker
+                rewards.append(float(comp.env_reward))
+            elif comp.turns:  # an episode: its last model turn is the answer
+                text = self._decoded(final_turn(comp)) if verifier.needs_text else None
+                rewards.append(verifier.score_episode(text, comp, problem))
+            else:
+                text = self._text(group, i) if verifier.needs_text else comp.text
+                rewards.append(verifier.score_completion(text, comp.token_ids.tolist(), problem))
         return group.with_rewards(rewards)
 
     def score_async(self, group: RolloutGroup, problem: Problem) -> Future[RolloutGroup]:

@@ -99,6 +99,18 @@ def test_bad_groups_change_nothing(server):
             ),
             "expected forced_positions ascending, unique and in [0, 2)",
         ),
+        (
+            m.RolloutGroup(
+                "p1", (_completion(), dataclasses.replace(_completion(), turns=2, observations=2))
+            ),
+            "expected turns >= 0 and 0 <= observations < turns, got 2 turns and 2 observations",
+        ),
+        (
+            m.RolloutGroup(
+                "p1", (_completion(), dataclasses.replace(_completion(), env_reward=float("nan")))
+            ),
+            "expected a finite env_reward, got nan",
+        ),
         (m.RolloutGroup("zz", (_completion(), _completion())), "got one outside it"),
         (good, "expected once per return, got it twice"),
     ]

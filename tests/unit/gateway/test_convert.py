@@ -47,6 +47,10 @@ def test_completion_round_trip_is_exact_in_float32():
     assert back.forced_positions == ()
     forced = dataclasses.replace(c, forced_positions=(1, 2))
     assert cv.completion_from_pb(cv.completion_to_pb(forced)).forced_positions == (1, 2)
+    assert (back.turns, back.observations, back.env_reward) == (0, 0, None)
+    episode = dataclasses.replace(c, turns=3, observations=2, env_reward=0.0)
+    again = cv.completion_from_pb(cv.completion_to_pb(episode))
+    assert (again.turns, again.observations, again.env_reward) == (3, 2, 0.0)  # 0.0 is not None
 
 
 @pytest.mark.parametrize("length", [0, 1, 4096])

@@ -99,6 +99,7 @@ def test_three_turn_episode_token_for_token(world):
         path, tok, im_end, greedy, EpisodeLimits(4, 200)
     )
     assert turns == 3 and reward == 0.5 and len(seen) == 3
+    assert (record.turns, record.observations, record.env_reward) == (3, 2, 0.5)
     assert all(len(c.token_ids) >= 1 for c in alone)
     assert (
         tok.decode([*glue.end_of_turn, *glue.before_observation])
@@ -150,6 +151,7 @@ def test_budget_ends_the_episode_with_length(world):
     (record, reward, turns, _, _), _, _ = _play(path, tok, im_end, greedy, EpisodeLimits(4, 8))
     assert turns == 1 and reward is None and record.finish_reason == "length"
     assert record.forced_positions == () and 1 <= len(record.token_ids) <= 6
+    assert (record.turns, record.observations, record.env_reward) == (1, 0, None)
 
 
 def test_a_history_past_the_engine_context_ends_after_the_last_model_turn(world):
@@ -165,6 +167,7 @@ def test_a_history_past_the_engine_context_ends_after_the_last_model_turn(world)
         path, tok, im_end, greedy, EpisodeLimits(4, 200), context=n + 6 + 4
     )
     assert turns == 1 and len(seen) == 1 and record.finish_reason == "length"
+    assert (record.turns, record.observations) == (1, 0)  # the unanswered one is not counted
     assert (
         record.forced_positions == () and record.token_ids.tolist() == alone[0].token_ids.tolist()
     )
