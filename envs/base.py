@@ -65,9 +65,10 @@ class Environment(abc.ABC):
     """One episode of a multi-turn task (see the module docstring).
 
     Subclasses set `name` (the registry key) and `stop_strings`: text at which a model turn
-    should end so that the environment can answer (a tool call's closing tag); engines pass
-    them to the sampler as stop strings. Model text is untrusted: implementations bound what
-    they parse and never hand it to `eval`, a shell or the file system.
+    should end so that the environment can answer (a tool call's closing tag); the episode
+    runner ends the turn's record at the first one (`rollout_engine.episode.cut_at_stop`).
+    Model text is untrusted: implementations bound what they parse and never hand it to
+    `eval`, a shell or the file system.
     """
 
     name: ClassVar[str]

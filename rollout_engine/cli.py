@@ -46,15 +46,31 @@ def _parser() -> argparse.ArgumentParser:
     w = p.add_argument_group("worker loop")
     for name, field in WorkerConfig.model_fields.items():
         w.add_argument(
-            f"--{name.replace('_', '-')}", type=type(field.default), help=field.description
+            f"--{name.replace('_', '-')}", type=_flag_type(field.default), help=field.description
         )
     v = p.add_argument_group("vllm backend")
     for name, field in VllmOptions.model_fields.items():
-        v.add_argument(f"--vllm-{name.replace('_', '-')}", type=type(field.default))
+        v.add_argument(f"--vllm-{name.replace('_', '-')}", type=_flag_type(field.default))
     j = p.add_argument_group("jax backend")
     for name, field in JaxOptions.model_fields.items():
-        j.add_argument(f"--jax-{name.replace('_', '-')}", type=type(field.default))
+        j.add_argument(f"--jax-{name.replace('_', '-')}", type=_flag_type(field.default))
     return p
+
+
+def _flag_type(default: object):
+    """The argparse type of an option with this default; a bool reads true/false, 1/0, yes/no
+    (argparse's `bool` would take any non-empty text, "false" too, as True)."""
+    if isinstance(default, bool):
+
+        def boolean(text: str) -> bool:
+            if text.lower() in ("1", "true", "yes"):
+                return True
+            if text.lower() in ("0", "false", "no"):
+                return False
+            raise ValueError(f"expected true or false, got {text!r}")
+
+        return boolean
+    return type(default)
 
 
 def parse(argv: list[str] | None = None) -> EngineProcessConfig:

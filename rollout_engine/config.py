@@ -82,6 +82,10 @@ class JaxOptions(BaseModel):
     top_k: int = Field(default=0, ge=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
     seed: int = 0
+    ignore_eos: bool = False
+    """Never stop a sample on EOS (benchmarks: every sample runs to its max_new_tokens); the
+    engine then serves only requests that ask for it (`SamplingParams.ignore_eos`), since
+    whether EOS stops a slot is compiled in."""
 
 
 class EngineProcessConfig(BaseModel):

@@ -170,6 +170,7 @@ async def run_episode(
             observations -= 1
             finish = "length"
             break
+        c = cut_at_stop(c, decode, env.stop_strings)
         turns += 1
         start = len(ids)
         ids += c.token_ids.tolist()
@@ -209,6 +210,35 @@ async def run_episode(
         env_reward=reward,
     )
     return record, reward, turns
+
+
+def cut_at_stop(turn: m.Completion, decode: Decode, stops: Sequence[str]) -> m.Completion:
+    """`turn` ended after its shortest prefix whose text holds one of `stops` (finish "stop"),
+    or `turn` itself when none occurs: the record a sampler with these stop strings would have
+    made (each kept token's log-prob depends only on the tokens before it), the tokens past the
+    stop dropped. Engines sample on to their own stop; this cut keeps the tool call's closing
+    tag the turn's end, so the model never writes past it (e.g. a result of its own).
+
+    Args:
+        turn: one model turn's completion, token ids [L].
+        decode: ids -> text (special tokens skipped).
+    """
+    if not stops or not any(s in decode(turn.token_ids.tolist()) for s in stops):
+        return turn
+    ids = turn.token_ids.tolist()
+    k = next(k for k in range(1, len(ids) + 1) if any(s in decode(ids[:k]) for s in stops))
+    if k == len(ids):
+        return turn
+    spans = tuple((v, a, min(b, k)) for v, a, b in turn.version_spans if a < k)
+    return dataclasses.replace(
+        turn,
+        token_ids=turn.token_ids[:k],
+        logprobs=turn.logprobs[:k],
+        finish_reason="stop",
+        forced_positions=tuple(j for j in turn.forced_positions if j < k),
+        version_spans=spans,
+        version_end=max((v for v, _, _ in spans), default=turn.version_end),
+    )
 
 
 class EpisodeRunner:

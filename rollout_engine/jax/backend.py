@@ -106,7 +106,7 @@ class JaxBackend(RolloutBackend):
                 kv_bucket=c.kv_bucket,
             ),
             JaxSampling(temperature=c.temperature, top_k=c.top_k, top_p=c.top_p),
-            StopConfig(eos_ids=eos, pad_id=eos[0]),
+            StopConfig(eos_ids=(model_cfg.vocab_size,) if c.ignore_eos else eos, pad_id=eos[0]),
             replicas=c.replicas,
             devices_per_replica=c.devices_per_replica,
         )
@@ -123,8 +123,11 @@ class JaxBackend(RolloutBackend):
                 "started without a top-k / top-p filter (--jax-top-k / --jax-top-p), so its "
                 "compiled sampler has none (temperature is free per request)"
             )
-        if s.ignore_eos:
-            raise ValueError("the JAX engine cannot ignore EOS per request (ignore_eos=True)")
+        if s.ignore_eos != c.ignore_eos:
+            raise ValueError(
+                f"the request asks for ignore_eos={s.ignore_eos}; this JAX engine was started "
+                f"with ignore_eos={c.ignore_eos}, which is compiled in (not per request)"
+            )
         extra = set(s.stop_token_ids) - set(self.engine.stops.eos_ids if self.engine else ())
         if extra:
             raise ValueError(

@@ -46,6 +46,10 @@ def test_flags_become_a_validated_config(tmp_path):
     assert cfg.vllm.tensor_parallel_size == 2 and cfg.jax.temperature == 0.5
     assert device_counts(cfg) == (2, 2)
     assert device_counts(cfg.model_copy(update={"backend": "jax"})) == (1, 1)
+    assert cfg.jax.ignore_eos is False
+    args = ["--backend", "jax", "--gateway", "h:1", "--token-file", "t", "--model", str(model)]
+    assert parse([*args, "--jax-ignore-eos", "true"]).jax.ignore_eos is True
+    assert parse([*args, "--jax-ignore-eos", "false"]).jax.ignore_eos is False  # not bool("false")
 
 
 def test_bad_input_is_refused(tmp_path, capsys):
@@ -57,6 +61,9 @@ def test_bad_input_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         parse([*base, "--gateway", "h:1", "--max-concurrent-prompts", "0"])
     assert "max_concurrent_prompts" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse([*base, "--gateway", "h:1", "--jax-ignore-eos", "maybe"])
+    assert "--jax-ignore-eos: invalid boolean value: 'maybe'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse(["--backend", "jax", "--gateway", "h:1", "--token-file", "t", "--model", "/nope"])
     assert "expected an HF checkpoint folder, got '/nope'" in capsys.readouterr().err

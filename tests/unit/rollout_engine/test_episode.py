@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 
 from envs.base import Environment, EpisodeLimits, StepResult
 from gateway import messages as m
-from rollout_engine.episode import chat_glue, derived_seed, run_episode
+from rollout_engine.episode import chat_glue, cut_at_stop, derived_seed, run_episode
 from rollout_engine.jax.backend import JaxBackend, JaxBackendConfig
 from trainer.checkpoints.hf_io import load_hf_checkpoint
 from trainer.checkpoints.tiny import make_tiny_checkpoint
@@ -173,3 +173,29 @@ def test_a_history_past_the_engine_context_ends_after_the_last_model_turn(world)
     )
     with pytest.raises(ValueError):
         _play(path, tok, im_end, greedy, EpisodeLimits(4, 200), context=n + 2)
+
+
+def test_a_turn_ends_at_the_environments_stop_string():
+    """`cut_at_stop`: the record a stop-string sampler would make: the tokens up to the one
+    that completes ``</calc>``, their log-probs and versions unchanged, finish "stop"."""
+    text = "ab<calc>1+2</calc>xyz"
+    ids = [ord(ch) for ch in text]
+    lps = -np.arange(1, len(ids) + 1, dtype=np.float32) / 10
+    turn = m.Completion(ids, lps, "length", 1, 2, ((1, 0, 12), (2, 12, len(ids))),
+                        forced_positions=(3, 19))  # fmt: skip
+
+    def decode(xs):
+        return "".join(chr(x) for x in xs)
+
+    cut = cut_at_stop(turn, decode, ("</calc>",))
+    k = text.index("</calc>") + len("</calc>")
+    assert decode(cut.token_ids.tolist()) == "ab<calc>1+2</calc>" and len(cut.token_ids) == k
+    np.testing.assert_array_equal(cut.logprobs, lps[:k])
+    assert (cut.finish_reason, cut.forced_positions) == ("stop", (3,))
+    assert cut.version_spans == ((1, 0, 12), (2, 12, k)) and cut.version_end == 2
+    early = cut_at_stop(turn, decode, ("<calc>",))
+    assert early.version_spans == ((1, 0, 8),) and early.version_end == 1
+    cut.validate(), early.validate()
+    assert cut_at_stop(turn, decode, ("</tool>",)) is turn
+    assert cut_at_stop(turn, decode, ()) is turn
+    assert cut_at_stop(turn, decode, ("xyz",)) is turn  # the stop ends the turn already

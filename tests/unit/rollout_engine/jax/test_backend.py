@@ -67,7 +67,7 @@ def test_groups_refusals_and_a_data_plane_update(tmp_path) -> None:
                 prompt("hot", [1, 2], 3, m.SamplingParams(max_new_tokens=6))
             )
             assert len(hot) == 3  # T=1 on the greedy-started engine: per request
-            with pytest.raises(ValueError, match="cannot ignore EOS"):
+            with pytest.raises(ValueError, match="started with ignore_eos=False, which is comp"):
                 await backend.generate(
                     prompt("bad", [1, 2], 1, m.SamplingParams(temperature=0.0, ignore_eos=True))
                 )
@@ -110,3 +110,34 @@ def _scaled_model(cfg, tensors):
         )
     }
     return model_from_params(cfg, loaded)
+
+
+def test_an_ignore_eos_engine_runs_every_sample_to_its_budget(tmp_path) -> None:
+    """With `ignore_eos` (benchmarks) every sample is exactly max_new_tokens long, EOS sampled
+    or not, and equals the normal engine's sample up to the normal one's EOS (same seed, same
+    stream); a request that does not ask for it is refused."""
+    path = make_tiny_checkpoint(tmp_path / "ckpt", "llama", vocab_size=16, with_tokenizer=False)
+    eos = load_hf_checkpoint(path)[0].eos_token_ids[0]
+
+    async def sample(ignore: bool, **kw) -> list[list[int]]:
+        backend = JaxBackend(JaxBackendConfig(model=str(path), num_slots=8, max_model_len=128,
+                                              prefill_batch=2, ignore_eos=ignore))  # fmt: skip
+        await backend.start()
+        try:
+            sampling = m.SamplingParams(max_new_tokens=40, seed=7, ignore_eos=ignore, **kw)
+            done = await backend.generate(m.Prompt("p", np.asarray([1, 2, 3], np.int32), 8,
+                                                   sampling))  # fmt: skip
+            if ignore:
+                with pytest.raises(ValueError, match="started with ignore_eos=True"):
+                    await backend.generate(
+                        m.Prompt("q", np.asarray([1], np.int32), 1, m.SamplingParams())
+                    )
+            return [c.token_ids.tolist() for c in done]
+        finally:
+            await backend.shutdown()
+
+    long, normal = asyncio.run(sample(True)), asyncio.run(sample(False))
+    assert all(len(x) == 40 for x in long)
+    assert any(eos in x[:-1] for x in long)  # a 16-token vocabulary samples EOS in 40 tokens
+    for a, b in zip(long, normal, strict=True):
+        assert b == a[: len(b)] and (len(b) == 40 or b[-1] == eos)

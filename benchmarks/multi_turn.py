@@ -1,0 +1,184 @@
+"""Multi-turn episodes against single-turn rollouts of the same model tokens, per engine, in
+one run: what playing an episode turn by turn (`rollout_engine.episode.run_episode`: one engine
+request per turn, each continuing the whole history as token ids) costs against one request.
+
+Workload, the same on each engine (`--engines`, default the JAX engine and vLLM):
+- ``multi``: `--prompts` prompts x `--samples` episodes of exactly `--turns` model turns of
+  `--turn-tokens` tokens each (EOS ignored), with a fixed observation of about
+  `--observation-tokens` tokens (and the chat template's turn tokens) between turns, from a
+  scripted environment (never done before the last turn);
+- ``single``: the same prompts x samples as one completion of `--turns` x `--turn-tokens`
+  tokens each (EOS ignored): the same model tokens in one request.
+Both after an untimed warm-up of the same workload (the JAX engine compiles every bucket);
+all episodes (or completions) submitted at once; wall seconds of one pass.
+
+Figures per engine: ``<engine>_episodes_per_min`` and ``<engine>_single_per_min`` (episodes,
+or single completions, per minute), ``<engine>_multi_model_tokens_per_s`` and
+``<engine>_single_tokens_per_s`` (sampled tokens only: observation and template tokens are
+not counted), and ``<engine>_multi_over_single`` = multi model tokens/s over single tokens/s
+(below 1: the cost of turns: one more prefill of the observation per turn, and the requests'
+round trips).
+
+Usage: python benchmarks/multi_turn.py [--model smollm2|tiny|HF_DIR] [--engines jax,vllm]
+    [--prompts 16] [--samples 4] [--turns 3] [--turn-tokens 32] [--observation-tokens 16]
+    [--slots 64]
+Prints one line per measurement, then one JSON object on the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from common import CPU_ENV, model_path
+
+from envs.base import Environment, EpisodeLimits, StepResult
+from gateway import messages as m
+from rollout_engine.episode import chat_glue, run_episode
+
+
+class FixedReplies(Environment):
+    """A scripted environment: the same observation after every turn, done after `turns`."""
+
+    name = "fixed_replies"
+
+    def __init__(self, observation: str, turns: int) -> None:
+        self.observation, self.turns, self.seen = observation, turns, 0
+
+    def reset(self, task: Mapping[str, Any]) -> str:
+        self.seen = 0
+        return str(task.get("question", ""))
+
+    def step(self, turn: str) -> StepResult:
+        self.seen += 1
+        done = self.seen >= self.turns
+        return StepResult(None if done else self.observation, None, done)
+
+
+def make_backend(engine: str, path: Path, args, max_len: int):
+    """The project's backend of `engine` on `path`, not started."""
+    if engine == "jax":
+        from rollout_engine.jax.backend import JaxBackend, JaxBackendConfig
+
+        return JaxBackend(JaxBackendConfig(model=str(path), num_slots=args.slots,
+                                           max_model_len=max_len, prefill_batch=16,
+                                           steps_per_call=8))  # fmt: skip
+    import os
+
+    for k, v in CPU_ENV.items():
+        os.environ.setdefault(k, v)
+    from rollout_engine.vllm.backend import VllmBackend, VllmBackendConfig
+
+    return VllmBackend(VllmBackendConfig(model=str(path), dtype="bfloat16", max_model_len=max_len))
+
+
+async def one_pass(
+    backend, prompts: list[np.ndarray], args, glue, encode: Callable, decode: Callable, tag: str
+) -> dict[str, float]:
+    """One pass of each workload; returns wall seconds and model tokens of both."""
+    limits = EpisodeLimits(args.turns, 100_000, 100_000)
+    observation = " ".join(["ok"] * args.observation_tokens)
+    turn = m.SamplingParams(temperature=1.0, max_new_tokens=args.turn_tokens, ignore_eos=True)
+    whole = m.SamplingParams(
+        temperature=1.0, max_new_tokens=args.turns * args.turn_tokens, ignore_eos=True
+    )
+    out: dict[str, float] = {}
+    t = time.perf_counter()
+    played = await asyncio.gather(*(
+        run_episode(backend.generate, m.Prompt(f"{tag}m{i}/{s}", ids, 1, turn),
+                    FixedReplies(observation, args.turns), {"question": "q"}, encode, decode,
+                    glue, limits)
+        for i, ids in enumerate(prompts) for s in range(args.samples)
+    ))  # fmt: skip
+    out["multi_s"] = time.perf_counter() - t
+    forced = sum(len(r.forced_positions) for r, _, _ in played)
+    out["multi_tokens"] = sum(len(r.token_ids) for r, _, _ in played) - forced
+    out["episodes"] = len(played)
+    assert all(turns == args.turns for _, _, turns in played), "an episode ended early"
+    t = time.perf_counter()
+    groups = await asyncio.gather(
+        *(backend.generate(m.Prompt(f"{tag}s{i}", ids, args.samples, whole))
+          for i, ids in enumerate(prompts))
+    )  # fmt: skip
+    out["single_s"] = time.perf_counter() - t
+    out["single_tokens"] = sum(len(c.token_ids) for g in groups for c in g)
+    out["singles"] = sum(len(g) for g in groups)
+    return out
+
+
+def run_engine(engine: str, path: Path, args) -> dict[str, float]:
+    """Both workloads on one engine (warm-up pass, then the timed pass)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    glue = chat_glue(tok)
+    prompts = [
+        np.asarray(tok.apply_chat_template([{"role": "user", "content": f"Task {i}: go on."}],
+                                           add_generation_prompt=True), np.int32)  # fmt: skip
+        for i in range(args.prompts)
+    ]
+    per_turn = args.turn_tokens + args.observation_tokens + 16
+    max_len = int(np.ceil((max(map(len, prompts)) + args.turns * per_turn) / 16) * 16)
+
+    def encode(text: str) -> list[int]:
+        return list(tok.encode(text, add_special_tokens=False))
+
+    def decode(ids) -> str:
+        return str(tok.decode(list(ids), skip_special_tokens=True))
+
+    async def go() -> dict[str, float]:
+        backend = make_backend(engine, path, args, max_len)
+        await backend.start()
+        try:
+            await one_pass(backend, prompts, args, glue, encode, decode, "w")
+            return await one_pass(backend, prompts, args, glue, encode, decode, "t")
+        finally:
+            await backend.shutdown()
+
+    got = asyncio.run(go())
+    multi_tps = got["multi_tokens"] / got["multi_s"]
+    single_tps = got["single_tokens"] / got["single_s"]
+    print(f"{engine} multi: {got['episodes']:.0f} episodes of {args.turns} turns, "
+          f"{got['multi_tokens']:.0f} model tokens in {got['multi_s']:.2f} s = "
+          f"{multi_tps:.1f} tokens/s")  # fmt: skip
+    print(f"{engine} single: {got['singles']:.0f} completions, {got['single_tokens']:.0f} tokens "
+          f"in {got['single_s']:.2f} s = {single_tps:.1f} tokens/s")  # fmt: skip
+    return {
+        f"{engine}_episodes_per_min": got["episodes"] / got["multi_s"] * 60,
+        f"{engine}_single_per_min": got["singles"] / got["single_s"] * 60,
+        f"{engine}_multi_model_tokens_per_s": multi_tps,
+        f"{engine}_single_tokens_per_s": single_tps,
+        f"{engine}_multi_over_single": multi_tps / single_tps,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--engines", default="jax,vllm")
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--turn-tokens", type=int, default=32)
+    ap.add_argument("--observation-tokens", type=int, default=16)
+    ap.add_argument("--slots", type=int, default=64)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = model_path(args.model, Path(tmp))
+        result: dict[str, Any] = {"model": args.model, "turns": args.turns,
+                                  "turn_tokens": args.turn_tokens,
+                                  "episodes": args.prompts * args.samples}  # fmt: skip
+        for engine in args.engines.split(","):
+            result.update(run_engine(engine, path, args))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
