@@ -69,7 +69,7 @@ def make_backend(engine: str, path: Path, args, max_len: int):
 
         return JaxBackend(JaxBackendConfig(model=str(path), num_slots=args.slots,
                                            max_model_len=max_len, prefill_batch=16,
-                                           steps_per_call=8))  # fmt: skip
+                                           steps_per_call=8, ignore_eos=True))  # fmt: skip
     import os
 
     for k, v in CPU_ENV.items():
@@ -119,11 +119,12 @@ def run_engine(engine: str, path: Path, args) -> dict[str, float]:
 
     tok = AutoTokenizer.from_pretrained(path)
     glue = chat_glue(tok)
-    prompts = [
-        np.asarray(tok.apply_chat_template([{"role": "user", "content": f"Task {i}: go on."}],
-                                           add_generation_prompt=True), np.int32)  # fmt: skip
+    texts = [
+        tok.apply_chat_template([{"role": "user", "content": f"Task {i}: go on."}],
+                                tokenize=False, add_generation_prompt=True)
         for i in range(args.prompts)
-    ]
+    ]  # fmt: skip
+    prompts = [np.asarray(tok.encode(t, add_special_tokens=False), np.int32) for t in texts]
     per_turn = args.turn_tokens + args.observation_tokens + 16
     max_len = int(np.ceil((max(map(len, prompts)) + args.turns * per_turn) / 16) * 16)
 
@@ -138,11 +139,18 @@ def run_engine(engine: str, path: Path, args) -> dict[str, float]:
         await backend.start()
         try:
             await one_pass(backend, prompts, args, glue, encode, decode, "w")
-            return await one_pass(backend, prompts, args, glue, encode, decode, "t")
+            got = await one_pass(backend, prompts, args, glue, encode, decode, "t")
+            replicas = getattr(getattr(backend, "engine", None), "replicas", [])
+            got["continued"] = sum(r.continued for r in replicas)
+            got["reused_tokens"] = sum(r.reused_tokens for r in replicas)
+            return got
         finally:
             await backend.shutdown()
 
     got = asyncio.run(go())
+    if engine == "jax":  # later turns continued in their slots (slot memory), both passes
+        print(f"jax: {got['continued']:.0f} turns continued in their slot, "
+              f"{got['reused_tokens']:.0f} history tokens not prefilled again")  # fmt: skip
     multi_tps = got["multi_tokens"] / got["multi_s"]
     single_tps = got["single_tokens"] / got["single_s"]
     print(f"{engine} multi: {got['episodes']:.0f} episodes of {args.turns} turns, "

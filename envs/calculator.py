@@ -20,8 +20,9 @@ from envs.base import Environment, StepResult
 
 INSTRUCTIONS = (
     "You can use a calculator: write <calc>expression</calc> (numbers, + - * / // % ** and "
-    "parentheses) and wait for its <result>. When you know the answer, write it as "
-    "#### NUMBER without a calculator call."
+    "parentheses) and wait for its <result>; for example <calc>12*7</calc> is answered "
+    "<result>84</result>. When you know the answer, write it as #### NUMBER without a "
+    "calculator call."
 )
 _CALL = re.compile(r"<calc>(.*?)(?:</calc>|$)", re.DOTALL)
 

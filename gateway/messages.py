@@ -85,6 +85,10 @@ class Prompt:
         min_version: only engines holding at least this weight version may lease it.
         episode: None: G completions of one turn each; else G multi-turn episodes (each
             turn sampled with `sampling`, its `max_new_tokens` a per-turn bound).
+        continues: (not on the wire) the prompt extends an earlier prompt and completion on
+            the same engine (an episode's next turn, `rollout_engine.episode`): a backend may
+            reuse their KV cache (the JAX engine's slot memory; vLLM's prefix cache does so
+            for every prompt).
     """
 
     sample_id: str
@@ -94,6 +98,7 @@ class Prompt:
     is_eval: bool = False
     min_version: int = 0
     episode: Episode | None = None
+    continues: bool = False
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -158,7 +158,7 @@ async def run_episode(
         history = np.concatenate([prompt.token_ids, np.asarray(ids, np.int32)]).astype(np.int32)
         sub = dataclasses.replace(
             prompt, sample_id=f"{prompt.sample_id}/t{turn}", token_ids=history, group_size=1,
-            sampling=sampling, episode=None,
+            sampling=sampling, episode=None, continues=turn > 0,
         )  # fmt: skip
         try:
             (c,) = await generate(sub)

@@ -147,7 +147,7 @@ class JaxBackend(RolloutBackend):
         key = f"{prompt.sample_id}#{next(self._ids)}"
         request = Request(
             key, tuple(int(t) for t in prompt.token_ids), g, s.max_new_tokens, s.seed,
-            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, continues=prompt.continues,
         )  # fmt: skip
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._groups[key] = (future, [None] * g, [g])

@@ -8,7 +8,13 @@ The host side of the seed write-up "Async RL in Pure JAX" (``continuous_batch``)
 - each :meth:`ContinuousBatcher.step` applies pending weights (a safe point), fills every free
   slot, runs the compiled decode loop until a slot finishes (or ``steps_per_call`` steps), and
   collects every finished slot at once; the in-flight slots carry over to the next call and to
-  the next requests, so no straggler batch idles the device.
+  the next requests, so no straggler batch idles the device;
+- slot memory: a collected slot remembers the tokens its KV cache holds (prompt and completion,
+  when one weight version made them all, the current one) until it is reused or the weights
+  change. A one-sample request that `continues` an earlier one (an episode's next turn) goes to
+  the free slot holding the longest common prefix of its prompt and is prefilled from there
+  (`extend.Extender`: only the new tokens run through the model); fresh samples take the free
+  slots that remember nothing, or the least recently used, first.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import numpy as np
 from flax import nnx
 
 from rollout_engine.jax.decode import make_decode_loop
+from rollout_engine.jax.extend import Extender, common_prefix
 from rollout_engine.jax.insert import make_insert
 from rollout_engine.jax.prefill import PrefillBatch, Prefiller
 from rollout_engine.jax.sampling import RowSampling, SamplingConfig
@@ -133,6 +140,10 @@ class ContinuousBatcher:
             batch=cfg.prefill_batch,
             out_sharding=repl,
         )
+        self.extender = Extender(
+            graphdef, model_cfg, pad_id=stops.pad_id, min_len=cfg.min_prompt_bucket,
+            batch=cfg.prefill_batch,
+        )  # fmt: skip
         self._loop = make_decode_loop(graphdef, sampling, stops)
         self._insert = make_insert(
             capacity=cfg.max_len,
@@ -161,7 +172,16 @@ class ContinuousBatcher:
         self._queue: collections.deque[_Pending] = collections.deque()
         self._prefills: dict[int, tuple[PrefillBatch, int]] = {}  # id(request) -> (batch, row)
         self._slots: list[_Slot | None] = [None] * cfg.num_slots
+        # slot memory: the tokens a free slot's cache holds (all but the last cached) and when
+        # it was last used; kept for one replica on one device (a sharded state is not read)
+        self._memory: list[np.ndarray | None] = [None] * cfg.num_slots
+        self._used = [0] * cfg.num_slots
+        self._clock = 0
         self.decode_steps = 0
+        self.continued = 0
+        """Samples continued in a slot's memory (extension prefill)."""
+        self.reused_tokens = 0
+        """Prompt tokens those continuations did not prefill again."""
 
     # ---- queue -----------------------------------------------------------------------------
     def submit(self, requests: Sequence[Request]) -> None:
@@ -230,6 +250,8 @@ class ContinuousBatcher:
         if pending is None:
             return
         params, version = pending
+        if version != self.version:  # a cache made by other weights is not this version's
+            self._memory = [None] * self.cfg.num_slots
         self.params, self.version = params, version
         self._prefills.clear()
         running = [i for i, s in enumerate(self._slots) if s is not None]
@@ -277,6 +299,21 @@ class ContinuousBatcher:
         take = [self._queue.popleft() for _ in range(min(len(free), len(self._queue)))]
         if not take:
             return
+        continued: list[tuple[int, _Pending, int]] = []
+        for p in take:
+            found = self._remembered(p, free)
+            if found is not None:
+                free.remove(found[0])
+                continued.append((found[0], p, found[1]))
+        if continued:
+            self._extend(continued)
+            done = {id(p) for _, p, _ in continued}
+            take = [p for p in take if id(p) not in done]
+            if not take:
+                return
+        free.sort(key=lambda i: (self._memory[i] is not None, self._used[i]))
+        for i in free[: len(take)]:
+            self._memory[i] = None
         self._prefill_for(take)
         groups: dict[int, list[tuple[int, _Pending]]] = {}
         for slot, p in zip(free, take, strict=False):
@@ -306,6 +343,55 @@ class ContinuousBatcher:
             if p.index == p.request.num_samples - 1:  # samples queue in index order
                 self._prefills.pop(id(p.request), None)
 
+    def _remembered(self, p: _Pending, free: list[int]) -> tuple[int, int] | None:
+        """The free slot whose memory shares the longest prefix with `p`'s prompt, and that
+        prefix's length (at least 1; at most the prompt's length - 1, so one token is left to
+        prefill), for a one-sample request that `continues`; None otherwise."""
+        r = p.request
+        if not r.continues or r.num_samples != 1 or self.mesh is not None:
+            return None
+        prompt = np.asarray(r.prompt, np.int32)
+        best: tuple[int, int] | None = None
+        for i in free:
+            held = self._memory[i]
+            if held is None:
+                continue
+            n = common_prefix(prompt[: len(prompt) - 1], held[: len(held) - 1])
+            if n >= 1 and (best is None or n > best[1]):
+                best = (i, n)
+        return best
+
+    def _extend(self, continued: list[tuple[int, _Pending, int]]) -> None:
+        """Prefill each continuation's new tokens into its slot (`extend.Extender`) and start
+        the sample there, in chunks of ``prefill_batch``."""
+        size, b = self.cfg.prefill_batch, self.cfg.num_slots
+        for k in range(0, len(continued), size):
+            chunk = continued[k : k + size]
+            batch = self.extender(
+                self.params, self.state, [slot for slot, _, _ in chunk],
+                [p.request.prompt[n:] for _, p, n in chunk], [n for _, _, n in chunk],
+            )  # fmt: skip
+            slots = np.full(b, b, np.int32)
+            rows = np.zeros(b, np.int32)
+            keys = np.zeros((b, 2), np.uint32)
+            max_new = np.ones(b, np.int32)
+            temperature = np.ones(b, np.float32)
+            top_k = np.zeros(b, np.int32)
+            top_p = np.ones(b, np.float32)
+            for j, (slot, p, n) in enumerate(chunk):
+                slots[j], rows[j] = slot, j
+                keys[j], max_new[j] = p.key_data, p.request.max_new_tokens
+                s = self.sampling_of(p.request)
+                temperature[j], top_k[j], top_p[j] = s.temperature, s.top_k, s.top_p
+                self._slots[slot] = _Slot(p.request, p.index, [(self.version, 0)])
+                self._memory[slot] = None
+                self.continued += 1
+                self.reused_tokens += n
+            row_sampling = RowSampling(
+                jnp.asarray(temperature), jnp.asarray(top_k), jnp.asarray(top_p)
+            )
+            self.state = self._insert(self.state, batch, slots, rows, keys, max_new, row_sampling)
+
     def _prefill_for(self, take: list[_Pending]) -> None:
         needed = list(dict.fromkeys(p.request for p in take if id(p.request) not in self._prefills))
         if not needed:
@@ -333,6 +419,14 @@ class ContinuousBatcher:
             assert slot is not None
             self._slots[i] = None
             n = int(lengths[i])
+            self._clock += 1
+            self._used[i] = self._clock
+            whole = slot.spans == [(self.version, 0)]  # one version made this cache row
+            self._memory[i] = (
+                np.concatenate([np.asarray(slot.request.prompt, np.int32), tokens[i, :n]])
+                if whole and self.mesh is None
+                else None
+            )
             bounds = [s for _, s in slot.spans[1:]] + [n]
             spans = [(v, s, e) for (v, s), e in zip(slot.spans, bounds, strict=True) if e > s]
             out.append(

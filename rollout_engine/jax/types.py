@@ -26,6 +26,11 @@ class Request:
         temperature, top_k, top_p: this request's sampling (0: greedy; top_k <= 0 and
             top_p >= 1: off); None: the engine's `SamplingConfig` value. Requests with
             different settings share the batch.
+        continues: the prompt extends the tokens of an earlier sample on this engine (the
+            next turn of a multi-turn episode: that turn's prompt and completion, then new
+            tokens). With one sample, a replica whose free slot still holds a common prefix's
+            KV cache at the current weight version continues there and prefills only the rest
+            (`ContinuousBatcher`: slot memory); otherwise the prompt is prefilled whole.
     """
 
     prompt_id: Hashable
@@ -36,6 +41,7 @@ class Request:
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
+    continues: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt", tuple(int(t) for t in self.prompt))

@@ -70,6 +70,8 @@ def _play(path, tok, im_end, sampling: m.SamplingParams, limits: EpisodeLimits, 
                 lambda s: tok.encode(s, add_special_tokens=False),
                 lambda ids: tok.decode(ids, skip_special_tokens=True), glue, limits,
             )  # fmt: skip
+            replica = backend.engine.replicas[0]
+            continued = (replica.continued, replica.reused_tokens)
             # the same turns asked one by one: what the engine samples from each history
             turns_alone = []
             for t, start in enumerate(_starts(record)):
@@ -77,7 +79,7 @@ def _play(path, tok, im_end, sampling: m.SamplingParams, limits: EpisodeLimits, 
                 turn = dataclasses.replace(sampling, seed=derived_seed(sampling.seed, t))
                 (c,) = await backend.generate(m.Prompt(f"ep0/t{t}", history, 1, turn))
                 turns_alone.append(c)
-            return record, reward, turns, env.seen, turns_alone
+            return record, reward, turns, env.seen, turns_alone, continued
         finally:
             await backend.shutdown()
 
@@ -95,7 +97,7 @@ def _starts(record: m.Completion) -> list[int]:
 def test_three_turn_episode_token_for_token(world):
     path, tok, im_end = world
     greedy = m.SamplingParams(temperature=0.0, max_new_tokens=6)
-    (record, reward, turns, seen, alone), glue, _ = _play(
+    (record, reward, turns, seen, alone, continued), glue, _ = _play(
         path, tok, im_end, greedy, EpisodeLimits(4, 200)
     )
     assert turns == 3 and reward == 0.5 and len(seen) == 3
@@ -115,6 +117,7 @@ def test_three_turn_episode_token_for_token(world):
         if t < 2:
             want += glue.around(turn, tok.encode(REPLIES[t], add_special_tokens=False))
     assert record.token_ids.tolist() == want
+    assert continued[0] == 2  # turns 2 and 3 continued in the slot of the turn before
     # the loss mask: every token but the model's is forced (log-prob 0)
     mask = np.ones(len(want), bool)
     mask[list(record.forced_positions)] = False
@@ -128,7 +131,7 @@ def test_three_turn_episode_token_for_token(world):
 def test_turn_three_logprobs_equal_a_full_forward(world):
     path, tok, im_end = world
     hot = m.SamplingParams(temperature=1.0, max_new_tokens=5, seed=3)
-    (record, _, turns, _, alone), _, prompt_ids = _play(
+    (record, _, turns, _, alone, continued), _, prompt_ids = _play(
         path, tok, im_end, hot, EpisodeLimits(3, 200)
     )
     assert turns == 3
@@ -140,15 +143,20 @@ def test_turn_three_logprobs_equal_a_full_forward(world):
     n = len(prompt_ids)
     positions = range(third, len(record.token_ids))
     full = [float(logp[n + j - 1, record.token_ids[j]]) for j in positions]
+    # turns 2 and 3 were continued in the slot of the turn before (only the new tokens were
+    # prefilled), and still equal a fresh forward of the whole sequence, and the same turn
+    # prefilled whole
+    assert continued[0] == 2 and continued[1] >= len(prompt_ids) + third - 8, continued
     np.testing.assert_allclose(record.logprobs[third:], full, atol=1e-5, rtol=0)
-    np.testing.assert_array_equal(record.logprobs[third:], alone[2].logprobs)
+    assert record.token_ids[third:].tolist() == alone[2].token_ids.tolist()
+    np.testing.assert_allclose(record.logprobs[third:], alone[2].logprobs, atol=1e-5, rtol=0)
 
 
 def test_budget_ends_the_episode_with_length(world):
     """A token budget too small for the first observation: one turn, finish "length"."""
     path, tok, im_end = world
     greedy = m.SamplingParams(temperature=0.0, max_new_tokens=6)
-    (record, reward, turns, _, _), _, _ = _play(path, tok, im_end, greedy, EpisodeLimits(4, 8))
+    (record, reward, turns, _, _, _), _, _ = _play(path, tok, im_end, greedy, EpisodeLimits(4, 8))
     assert turns == 1 and reward is None and record.finish_reason == "length"
     assert record.forced_positions == () and 1 <= len(record.token_ids) <= 6
     assert (record.turns, record.observations, record.env_reward) == (1, 0, None)
@@ -163,7 +171,7 @@ def test_a_history_past_the_engine_context_ends_after_the_last_model_turn(world)
     text = tok.apply_chat_template([{"role": "user", "content": "add 40 and 2"}], tokenize=False,
                                    add_generation_prompt=True)  # fmt: skip
     n = len(tok.encode(text, add_special_tokens=False))
-    (record, _, turns, seen, alone), _, _ = _play(
+    (record, _, turns, seen, alone, _), _, _ = _play(
         path, tok, im_end, greedy, EpisodeLimits(4, 200), context=n + 6 + 4
     )
     assert turns == 1 and len(seen) == 1 and record.finish_reason == "length"

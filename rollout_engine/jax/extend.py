@@ -1,0 +1,121 @@
+"""Extension prefill: continue samples in the slots whose KV cache already holds a prefix of
+their prompts, running the model only on the new tokens.
+
+Legend: P rows (padded to a power of two), T new-token bucket (a power of two), S cache slots
+(positions), V vocabulary.
+
+A multi-turn episode's next turn is its previous turn's prompt and completion plus the
+environment's tokens. The slot that sampled the previous turn still holds the KV of all but its
+last token (the last emitted token is fed at the next step, so it is not cached yet); this
+prefill copies that slot's whole cache row, writes the new tokens' keys and values at their
+absolute positions (attending to the cached prefix, as a decode step does), and returns the
+rows as a `PrefillBatch` of length S: the usual slot substitution then samples each row's first
+token from the last new token's logits and writes the row back. No earlier position is
+recomputed. Padding tokens carry position S, so their writes are dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rollout_engine.jax.prefill import PrefillBatch, next_pow2
+from rollout_engine.jax.state import SlotState
+from trainer.models.config import ModelConfig
+from trainer.models.kv_cache import KVCache
+
+
+def _extend(
+    graphdef: nnx.GraphDef,
+    params: nnx.State,
+    state: SlotState,
+    slots: jax.Array,
+    tokens: jax.Array,
+    start: jax.Array,
+    lengths: jax.Array,
+) -> PrefillBatch:
+    model = nnx.merge(graphdef, params)
+    p, t = tokens.shape
+    s = state.max_len
+    offs = jnp.arange(t, dtype=jnp.int32)[None]
+    positions = jnp.where(offs < lengths[:, None], start[:, None] + offs, s)  # pads: dropped
+    rows = KVCache(
+        k=tuple(k[slots] for k in state.cache.k), v=tuple(v[slots] for v in state.cache.v)
+    )
+    with jax.named_scope("extend"):
+        hidden, cache = model.hidden(tokens, positions, rows)  # [P, T, D], rows [P, S]
+    last = hidden[jnp.arange(p), lengths - 1]  # [P, D]
+    return PrefillBatch(cache=cache, last_logits=model.logits(last), lengths=start + lengths)
+
+
+class Extender:
+    """Pads continuations into (P, T) power-of-two buckets and runs the compiled extension.
+
+    Args:
+        graphdef: ``nnx.split(decoder)[0]``. cfg: the model config.
+        pad_id: token used for padding. min_len: smallest T bucket. batch: most rows per call
+            (every call is padded to P = next_pow2(batch) rows).
+    """
+
+    def __init__(
+        self, graphdef: nnx.GraphDef, cfg: ModelConfig, *, pad_id: int, min_len: int = 16,
+        batch: int = 1,
+    ):  # fmt: skip
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        self.graphdef, self.cfg, self.pad_id = graphdef, cfg, pad_id
+        self.min_len, self.batch = min_len, batch
+        self._compiled: dict[tuple[int, int], Callable[..., PrefillBatch]] = {}
+
+    @property
+    def buckets(self) -> list[tuple[int, int]]:
+        """The (P, T) shapes compiled so far."""
+        return sorted(self._compiled)
+
+    def __call__(
+        self,
+        params: nnx.State,
+        state: SlotState,
+        slots: Sequence[int],
+        new_tokens: Sequence[Sequence[int]],
+        starts: Sequence[int],
+    ) -> PrefillBatch:
+        """Row i: slot ``slots[i]``'s cache row with ``new_tokens[i]`` written at positions
+        ``starts[i]`` onward; ``lengths`` of the result = ``starts[i] + len(new_tokens[i])``
+        (the position of the first token to sample).
+
+        Raises:
+            ValueError: no rows or more than ``batch``, an empty continuation, or one that
+                ends past the slot's cache length S.
+        """
+        n = len(slots)
+        if not 1 <= n <= self.batch or len(new_tokens) != n or len(starts) != n:
+            raise ValueError(f"extend takes 1 to {self.batch} rows, got {n}")
+        s = state.max_len
+        ends = [a + len(x) for a, x in zip(starts, new_tokens, strict=True)]
+        if min(len(x) for x in new_tokens) < 1 or max(ends) > s:
+            raise ValueError(f"each continuation needs 1 or more tokens ending by position {s}")
+        t = min(next_pow2(max(len(x) for x in new_tokens), self.min_len), s)
+        p = next_pow2(self.batch)
+        tokens = np.full((p, t), self.pad_id, np.int32)
+        lengths = np.ones(p, np.int32)
+        start = np.zeros(p, np.int32)
+        rows = np.zeros(p, np.int32)  # padding rows read slot 0 and are never inserted
+        for i, (slot, x, a) in enumerate(zip(slots, new_tokens, starts, strict=True)):
+            tokens[i, : len(x)], lengths[i], start[i], rows[i] = x, len(x), a, slot
+        fn = self._compiled.get((p, t))
+        if fn is None:
+            fn = self._compiled[(p, t)] = jax.jit(partial(_extend, self.graphdef))
+        return fn(params, state, rows, tokens, start, lengths)
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """The length of the longest common prefix of two int arrays."""
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n

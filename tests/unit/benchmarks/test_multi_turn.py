@@ -1,0 +1,36 @@
+"""`benchmarks/multi_turn.py` on the tiny model and the JAX engine: every episode plays its 3
+turns, the multi-turn pass samples exactly the single-turn pass's model tokens (EOS ignored),
+the later turns were continued in their slots (slot memory), and the last line carries the
+figures under their documented keys."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.slow
+def test_multi_turn_benchmark_runs_on_the_jax_engine():
+    done = subprocess.run(
+        [sys.executable, "benchmarks/multi_turn.py", "--model", "tiny", "--engines", "jax",
+         "--prompts", "2", "--samples", "2", "--turn-tokens", "4", "--observation-tokens", "3",
+         "--slots", "8"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    result = json.loads(lines[-1])
+    assert (result["turns"], result["turn_tokens"], result["episodes"]) == (3, 4, 4)
+    for key in ("episodes_per_min", "single_per_min", "multi_model_tokens_per_s",
+                "single_tokens_per_s", "multi_over_single"):  # fmt: skip
+        assert result[f"jax_{key}"] > 0, key
+    assert "jax multi: 4 episodes of 3 turns, 48 model tokens" in done.stdout
+    assert "jax single: 4 completions, 48 tokens" in done.stdout
+    # 2 later turns of 4 episodes in each of the warm-up and the timed pass
+    assert "jax: 16 turns continued in their slot" in done.stdout
