@@ -320,25 +320,11 @@ class ContinuousBatcher:
             batch, _ = self._prefills[id(p.request)]
             groups.setdefault(id(batch), []).append((slot, p))
             self._slots[slot] = _Slot(p.request, p.index, [(self.version, 0)])
-        b = self.cfg.num_slots
-        for members in groups.values():  # one insertion per prefill batch, n = B rows (padded)
+        for members in groups.values():  # one insertion per prefill batch
             batch = self._prefills[id(members[0][1].request)][0]
-            slots = np.full(b, b, np.int32)
-            rows = np.zeros(b, np.int32)
-            keys = np.zeros((b, 2), np.uint32)
-            max_new = np.ones(b, np.int32)
-            temperature = np.ones(b, np.float32)
-            top_k = np.zeros(b, np.int32)
-            top_p = np.ones(b, np.float32)
-            for j, (slot, p) in enumerate(members):
-                slots[j], rows[j] = slot, self._prefills[id(p.request)][1]
-                keys[j], max_new[j] = p.key_data, p.request.max_new_tokens
-                s = self.sampling_of(p.request)
-                temperature[j], top_k[j], top_p[j] = s.temperature, s.top_k, s.top_p
-            row_sampling = RowSampling(
-                jnp.asarray(temperature), jnp.asarray(top_k), jnp.asarray(top_p)
+            self._insert_rows(
+                batch, [(slot, self._prefills[id(p.request)][1], p) for slot, p in members]
             )
-            self.state = self._insert(self.state, batch, slots, rows, keys, max_new, row_sampling)
         for p in take:  # a prompt's prefill is dropped once its last sample is in a slot
             if p.index == p.request.num_samples - 1:  # samples queue in index order
                 self._prefills.pop(id(p.request), None)
@@ -364,33 +350,39 @@ class ContinuousBatcher:
     def _extend(self, continued: list[tuple[int, _Pending, int]]) -> None:
         """Prefill each continuation's new tokens into its slot (`extend.Extender`) and start
         the sample there, in chunks of ``prefill_batch``."""
-        size, b = self.cfg.prefill_batch, self.cfg.num_slots
+        size = self.cfg.prefill_batch
         for k in range(0, len(continued), size):
             chunk = continued[k : k + size]
             batch = self.extender(
                 self.params, self.state, [slot for slot, _, _ in chunk],
                 [p.request.prompt[n:] for _, p, n in chunk], [n for _, _, n in chunk],
             )  # fmt: skip
-            slots = np.full(b, b, np.int32)
-            rows = np.zeros(b, np.int32)
-            keys = np.zeros((b, 2), np.uint32)
-            max_new = np.ones(b, np.int32)
-            temperature = np.ones(b, np.float32)
-            top_k = np.zeros(b, np.int32)
-            top_p = np.ones(b, np.float32)
-            for j, (slot, p, n) in enumerate(chunk):
-                slots[j], rows[j] = slot, j
-                keys[j], max_new[j] = p.key_data, p.request.max_new_tokens
-                s = self.sampling_of(p.request)
-                temperature[j], top_k[j], top_p[j] = s.temperature, s.top_k, s.top_p
+            for slot, p, n in chunk:
                 self._slots[slot] = _Slot(p.request, p.index, [(self.version, 0)])
                 self._memory[slot] = None
                 self.continued += 1
                 self.reused_tokens += n
-            row_sampling = RowSampling(
-                jnp.asarray(temperature), jnp.asarray(top_k), jnp.asarray(top_p)
-            )
-            self.state = self._insert(self.state, batch, slots, rows, keys, max_new, row_sampling)
+            self._insert_rows(batch, [(slot, j, p) for j, (slot, p, _) in enumerate(chunk)])
+
+    def _insert_rows(self, batch: PrefillBatch, members: list[tuple[int, int, _Pending]]) -> None:
+        """Start each (slot, row of `batch`, sample) of `members`: its first token sampled from
+        the row's logits with the sample's key and sampling, the row's cache written into the
+        slot (one compiled insertion of B rows, padding rows dropped)."""
+        b = self.cfg.num_slots
+        slots = np.full(b, b, np.int32)
+        rows = np.zeros(b, np.int32)
+        keys = np.zeros((b, 2), np.uint32)
+        max_new = np.ones(b, np.int32)
+        temperature = np.ones(b, np.float32)
+        top_k = np.zeros(b, np.int32)
+        top_p = np.ones(b, np.float32)
+        for j, (slot, row, p) in enumerate(members):
+            slots[j], rows[j] = slot, row
+            keys[j], max_new[j] = p.key_data, p.request.max_new_tokens
+            s = self.sampling_of(p.request)
+            temperature[j], top_k[j], top_p[j] = s.temperature, s.top_k, s.top_p
+        row_sampling = RowSampling(jnp.asarray(temperature), jnp.asarray(top_k), jnp.asarray(top_p))
+        self.state = self._insert(self.state, batch, slots, rows, keys, max_new, row_sampling)
 
     def _prefill_for(self, take: list[_Pending]) -> None:
         needed = list(dict.fromkeys(p.request for p in take if id(p.request) not in self._prefills))

@@ -11,11 +11,7 @@ off-policy correction of ``loss.correction``.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -23,26 +19,16 @@ import numpy as np
 import pytest
 
 from gateway import messages as m
-from gateway.client import GatewayClient
-from gateway.config import GatewayConfig, RunSettings
-from gateway.server import GatewayServer
-from tests.integration.smoke_job import child_env
+from tests.integration.loop_harness import engine_loop
 from trainer.build import train_step_from_config
 from trainer.checkpoints.hf_io import load_hf_checkpoint
 from trainer.config import load_config
 from trainer.loop import AsyncTrainer
-from trainer.publish import WeightPublisher
 from trainer.rewards import ProblemStream, ScoringPool, TokenFractionVerifier
 from trainer.rewards.base import Problem
 from trainer.rollout_source import RolloutSource
 from trainer.sharding import make_mesh
-from transport.config import GlooTransportConfig
 
-_spec = importlib.util.spec_from_file_location("waits", Path(__file__).with_name("waits.py"))
-waits = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(waits)
-
-TOKENS = {"trainer": "trainer-token-0123456789", "engine": "engine-token-0123456789"}
 STEPS = 30
 EOS = 0
 
@@ -68,11 +54,6 @@ ENGINE_ARGS = {
             "--jax-steps-per-call", "8"],
     "vllm": ["--vllm-max-model-len", "64"],
 }  # fmt: skip
-CPU_VLLM_ENV = {
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_CPU_OMP_THREADS_BIND": "0-1",
-    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-}
 
 
 @pytest.mark.slow
@@ -87,8 +68,6 @@ CPU_VLLM_ENV = {
 )
 def test_reward_rises_above_half(tmp_path, tiny_checkpoint, backend, max_lag, correction):
     ckpt = tiny_checkpoint("llama", seed=0)
-    token_file = tmp_path / "tokens.txt"
-    token_file.write_text("".join(f"{k}={v}\n" for k, v in TOKENS.items()))
     cfg = load_config(
         trainer={"steps": STEPS, "prompts_per_step": 8, "logprob_chunk_size": 64},
         rollout={
@@ -109,26 +88,10 @@ def test_reward_rises_above_half(tmp_path, tiny_checkpoint, backend, max_lag, co
         Problem(p.problem_id, "", "", "token_fraction", {"token_id": target}) for p in problems
     ]
 
-    server = GatewayServer(
-        GatewayConfig(settings=RunSettings(model_family="llama", dtype="float32"), max_wait_s=5.0),
-        TOKENS,
-    ).start()
-    client = GatewayClient(server.address, TOKENS["trainer"], margin_s=5.0)
-    client.configure(m.RunSettings(model_family="llama", dtype="float32", transport="gloo"))
-    env = child_env()
-    engine = subprocess.Popen(
-        [
-            sys.executable, "-m", "rollout_engine", "--backend", backend,
-            "--gateway", server.address, "--token-file", str(token_file), "--model", str(ckpt),
-            "--dtype", "float32", "--transports", "gloo", "--log-level", "WARNING",
-            *ENGINE_ARGS[backend],
-        ],
-        env=env | CPU_VLLM_ENV,
-    )  # fmt: skip
-    publisher = WeightPublisher(client, GlooTransportConfig(), "llama", model_cfg, "float32")
-    try:
-        # a start-up on a loaded machine may take minutes: wait while the engine is alive
-        waits.wait_for(lambda: client.status().engines, [engine], "the engine's registration")
+    with engine_loop(tmp_path, backend, ckpt, ENGINE_ARGS[backend], model_cfg) as (
+        client,
+        publisher,
+    ):
         step = train_step_from_config(cfg, model, make_mesh(1, 1, devices=jax.devices()[:1]))
         verifier = TokenFractionVerifier(ignore_ids=[EOS])
         with ScoringPool(verifiers={"token_fraction": verifier}) as scoring:
@@ -146,17 +109,6 @@ def test_reward_rises_above_half(tmp_path, tiny_checkpoint, backend, max_lag, co
                 cfg, step, step.init_state(model), source, publisher, run_dir, client=client
             )
             summary = trainer.run()
-    finally:
-        publisher.close()
-        client.shutdown("test over")
-        try:
-            waits.exit_status(engine, "the engine's exit after the gateway's shutdown")
-        finally:
-            if engine.poll() is None:
-                engine.kill()
-                engine.wait()
-            client.close()
-            server.stop(0)
 
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rewards = [x["reward_mean"] for x in metrics]

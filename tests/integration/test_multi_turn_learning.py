@@ -16,8 +16,6 @@ counts only the model's own tokens (the observations' are forced).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -28,23 +26,18 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
 
 from gateway import messages as m
-from gateway.client import GatewayClient
-from gateway.config import GatewayConfig, RunSettings
-from gateway.server import GatewayServer
-from tests.integration.smoke_job import child_env
-from tests.integration.test_learning import CPU_VLLM_ENV, EOS, TOKENS, waits
+from tests.integration.loop_harness import engine_loop
+from tests.integration.test_learning import EOS
 from trainer.build import train_step_from_config
 from trainer.checkpoints.hf_io import load_hf_checkpoint
 from trainer.checkpoints.tiny import make_tiny_checkpoint
 from trainer.config import load_config
 from trainer.launch.data import make_encoder
 from trainer.loop import AsyncTrainer
-from trainer.publish import WeightPublisher
 from trainer.rewards import ProblemStream, ScoringPool
 from trainer.rewards.base import Problem, Verifier
 from trainer.rollout_source import RolloutSource
 from trainer.sharding import make_mesh
-from transport.config import GlooTransportConfig
 
 STEPS = 30
 TURNS = 3
@@ -102,8 +95,6 @@ def _copy_likeliest_row(path: Path, calc: int, prompts: list[list[int]]) -> floa
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["jax", pytest.param("vllm", marks=pytest.mark.vllm)])
 def test_calculator_calls_rise_over_30_steps(tmp_path, backend):
-    token_file = tmp_path / "tokens.txt"
-    token_file.write_text("".join(f"{k}={v}\n" for k, v in TOKENS.items()))
     cfg = load_config(
         trainer={"steps": STEPS, "prompts_per_step": 8, "logprob_chunk_size": 64},
         rollout={
@@ -123,24 +114,10 @@ def test_calculator_calls_rise_over_30_steps(tmp_path, backend):
     p0 = _copy_likeliest_row(ckpt, calc, [encode(episodes.as_prompt_problem(p)) for p in problems])
     model_cfg, model = load_hf_checkpoint(ckpt, dtype="float32")
 
-    server = GatewayServer(
-        GatewayConfig(settings=RunSettings(model_family="llama", dtype="float32"), max_wait_s=5.0),
-        TOKENS,
-    ).start()
-    client = GatewayClient(server.address, TOKENS["trainer"], margin_s=5.0)
-    client.configure(m.RunSettings(model_family="llama", dtype="float32", transport="gloo"))
-    engine = subprocess.Popen(
-        [
-            sys.executable, "-m", "rollout_engine", "--backend", backend,
-            "--gateway", server.address, "--token-file", str(token_file), "--model", str(ckpt),
-            "--dtype", "float32", "--transports", "gloo", "--log-level", "WARNING",
-            *ENGINE_ARGS[backend],
-        ],
-        env=child_env() | CPU_VLLM_ENV,
-    )  # fmt: skip
-    publisher = WeightPublisher(client, GlooTransportConfig(), "llama", model_cfg, "float32")
-    try:
-        waits.wait_for(lambda: client.status().engines, [engine], "the engine's registration")
+    with engine_loop(tmp_path, backend, ckpt, ENGINE_ARGS[backend], model_cfg) as (
+        client,
+        publisher,
+    ):
         step = train_step_from_config(cfg, model, make_mesh(1, 1, devices=jax.devices()[:1]))
         with ScoringPool(verifiers={"calculator_calls": CalculatorCalls()}) as scoring:
             source = RolloutSource(
@@ -154,17 +131,6 @@ def test_calculator_calls_rise_over_30_steps(tmp_path, backend):
                 cfg, step, step.init_state(model), source, publisher, run_dir, client=client
             )
             summary = trainer.run()
-    finally:
-        publisher.close()
-        client.shutdown("test over")
-        try:
-            waits.exit_status(engine, "the engine's exit after the gateway's shutdown")
-        finally:
-            if engine.poll() is None:
-                engine.kill()
-                engine.wait()
-            client.close()
-            server.stop(0)
 
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rewards = [x["reward_mean"] for x in metrics]
