@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 
 from envs.base import Environment, EpisodeLimits, StepResult
 from gateway import messages as m
-from rollout_engine.episode import chat_glue, cut_at_stop, derived_seed, run_episode
+from rollout_engine.episode import TurnGlue, chat_glue, cut_at_stop, derived_seed, run_episode
 from rollout_engine.jax.backend import JaxBackend, JaxBackendConfig
 from trainer.checkpoints.hf_io import load_hf_checkpoint
 from trainer.checkpoints.tiny import make_tiny_checkpoint
@@ -207,3 +207,27 @@ def test_a_turn_ends_at_the_environments_stop_string():
     assert cut_at_stop(turn, decode, ("</tool>",)) is turn
     assert cut_at_stop(turn, decode, ()) is turn
     assert cut_at_stop(turn, decode, ("xyz",)) is turn  # the stop ends the turn already
+
+
+def test_an_episode_across_weight_updates_carries_each_turns_version():
+    """Turns sampled at versions 0, 1 and 2 (the engine loaded new weights between turns, and
+    turn 3 crossed an update at its second token): the record's spans put each turn's
+    versions at its own tokens, so the lag filter and the per-token corrections see them."""
+    glue = TurnGlue((90,), (91,), (92, 93))
+    spans = {0: ((0, 0, 3),), 1: ((1, 0, 3),), 2: ((1, 0, 1), (2, 1, 3))}
+
+    async def generate(p: m.Prompt):
+        t = int(p.sample_id.rsplit("/t", 1)[1])
+        v0, v1 = spans[t][0][0], spans[t][-1][0]
+        return (m.Completion([10 + t] * 3, [-0.1] * 3, "length", v0, v1, spans[t]),)
+
+    prompt = m.Prompt("ep", np.asarray([1, 2], np.int32), 1, m.SamplingParams(max_new_tokens=3))
+    record, _, turns = asyncio.run(run_episode(
+        generate, prompt, Scripted(), {"question": "q"}, lambda s: [7] * len(s.split()),
+        lambda ids: "turn", glue, EpisodeLimits(3, 100),
+    ))  # fmt: skip
+    assert turns == 3 and (record.version_start, record.version_end) == (0, 2)
+    model = [j for j in range(len(record.token_ids)) if j not in set(record.forced_positions)]
+    assert record.token_ids[model].tolist() == [10] * 3 + [11] * 3 + [12] * 3
+    assert record.token_versions()[model].tolist() == [0, 0, 0, 1, 1, 1, 1, 2, 2]
+    record.validate()
