@@ -21,8 +21,9 @@ round trips).
 
 Usage: python benchmarks/multi_turn.py [--model smollm2|tiny|HF_DIR] [--engines jax,vllm]
     [--prompts 16] [--samples 4] [--turns 3] [--turn-tokens 32] [--observation-tokens 16]
-    [--slots 64]
-Prints one line per measurement, then one JSON object on the last line.
+    [--slots 64] [--vllm-dtype bfloat16|float32]
+Prints one line per measurement, then one JSON object on the last line. On a CPU without bf16
+instructions (AVX2 only) vLLM computes bf16 far slower than fp32: pass --vllm-dtype float32.
 """
 
 from __future__ import annotations
@@ -76,7 +77,9 @@ def make_backend(engine: str, path: Path, args, max_len: int):
         os.environ.setdefault(k, v)
     from rollout_engine.vllm.backend import VllmBackend, VllmBackendConfig
 
-    return VllmBackend(VllmBackendConfig(model=str(path), dtype="bfloat16", max_model_len=max_len))
+    return VllmBackend(
+        VllmBackendConfig(model=str(path), dtype=args.vllm_dtype, max_model_len=max_len)
+    )
 
 
 async def one_pass(
@@ -177,12 +180,14 @@ def main() -> None:
     ap.add_argument("--turn-tokens", type=int, default=32)
     ap.add_argument("--observation-tokens", type=int, default=16)
     ap.add_argument("--slots", type=int, default=64)
+    ap.add_argument("--vllm-dtype", default="bfloat16", choices=("bfloat16", "float32"))
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = model_path(args.model, Path(tmp))
         result: dict[str, Any] = {"model": args.model, "turns": args.turns,
                                   "turn_tokens": args.turn_tokens,
-                                  "episodes": args.prompts * args.samples}  # fmt: skip
+                                  "episodes": args.prompts * args.samples,
+                                  "vllm_dtype": args.vllm_dtype}  # fmt: skip
         for engine in args.engines.split(","):
             result.update(run_engine(engine, path, args))
     print(json.dumps(result))
