@@ -24,17 +24,20 @@ from trainer.rollouts import RolloutGroup
 
 
 def task_of(problem: Problem) -> dict[str, Any]:
-    """The task an environment resets from: the problem's question, gold answer and metadata.
+    """The task an environment resets from: the problem's question, gold answer and metadata."""
+    return {"question": problem.question, "answer": problem.answer, **problem.metadata}
+
+
+def task_json(problem: Problem) -> str:
+    """`task_of(problem)` as the JSON text it travels to the engine in.
 
     Raises:
-        ValueError: the metadata is not JSON (it travels to the engine as JSON).
+        ValueError: the metadata is not JSON.
     """
-    task = {"question": problem.question, "answer": problem.answer, **problem.metadata}
     try:
-        json.dumps(task)
+        return json.dumps(task_of(problem))
     except (TypeError, ValueError) as e:
         raise ValueError(f"problem {problem.problem_id}: its metadata is not JSON: {e}") from None
-    return task
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +78,7 @@ class EpisodeSetup:
         """
         return m.Episode(
             env=self.env,
-            task_json=json.dumps(task_of(problem)),
+            task_json=task_json(problem),
             max_turns=self.max_turns,
             max_tokens=self.max_tokens,
             max_observation_chars=self.max_observation_chars,

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from envs.calculator import INSTRUCTIONS
 from gateway import messages as m
 from trainer.config import Config
-from trainer.episodes import EpisodeSetup, episode_metrics, task_of
+from trainer.episodes import EpisodeSetup, episode_metrics
 from trainer.rewards import ScoringPool
 from trainer.rewards.base import Problem, final_turn
 from trainer.rollout_source import prompt_of
@@ -72,7 +72,9 @@ def test_a_task_the_environment_refuses_is_an_error_before_submission():
     with pytest.raises(ValueError, match="countdown needs a task"):
         EpisodeSetup("countdown", 3, 200, 64).first_message(GSM)
     with pytest.raises(ValueError, match="metadata is not JSON"):
-        task_of(Problem("p", "q", "1", "math", metadata={"x": object()}))
+        EpisodeSetup("calculator", 3, 200, 64).episode_of(
+            Problem("p", "q", "1", "math", metadata={"x": object()})
+        )
 
 
 def test_config_names_a_known_environment_and_sizes_the_episode():
