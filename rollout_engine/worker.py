@@ -72,6 +72,9 @@ log = logging.getLogger(__name__)
 # Why `run()` returned: the gateway shut down; `request_stop` (SIGTERM); the gateway stayed
 # unreachable; the gateway dropped the engine; the gateway kept refusing calls.
 SHUTDOWN, STOPPED, LOST, DROPPED, ERROR = "shutdown", "stopped", "lost", "dropped", "error"
+# At a gateway shutdown, how long a return call already in flight may finish (seconds): the
+# gateway may have taken its groups, and `WorkerStats.groups_returned` counts them only then.
+SHUTDOWN_RETURN_S = 1.0
 
 
 @dataclasses.dataclass
@@ -457,6 +460,9 @@ class EngineWorker:
         elif self._reason == STOPPED:
             log.warning("stopping without deregistering: the gateway does not answer (%s)",
                         beat.error)  # fmt: skip
+        elif self._reason == SHUTDOWN:  # a return the gateway took before it shut down is counted
+            self._out.put_nowait(None)
+            await asyncio.wait([returner], timeout=min(SHUTDOWN_RETURN_S, end - time.monotonic()))
         returner.cancel()
         await asyncio.gather(returner, return_exceptions=True)
         beat.stop(timeout_s=0.1)  # a daemon thread; its long poll ends when the channel closes

@@ -188,6 +188,33 @@ def test_groups_return_at_once_with_exact_tokens_and_stamps(gateway):
     assert sorted(pid for pid, _ in backend.calls) == ["p0", "p1", "p2", "p3", "p4", "slow"]
 
 
+def test_a_return_the_gateway_took_just_before_shutdown_is_counted(gateway, monkeypatch):
+    """The gateway takes the group, the trainer fetches it and shuts down, and only then does
+    the reply reach the worker: the worker still counts the group (the shutdown waits up to
+    `SHUTDOWN_RETURN_S` for a return in flight)."""
+    server, trainer, engine = gateway
+    replied = threading.Event()
+    taken = engine.return_rollouts
+
+    def late_reply(*args, **kwargs):
+        out = taken(*args, **kwargs)
+        replied.wait(5.0)  # the reply is held until the trainer has shut the gateway down
+        return out
+
+    monkeypatch.setattr(engine, "return_rollouts", late_reply)
+    run = h.WorkerThread(engine, h.FakeBackend())
+    run.wait_registered()
+    p = h.prompt("p", [1, 2], g=3)
+    trainer.submit_prompts([p])
+    (group,) = trainer.fetch_rollouts(max_groups=1, timeout_s=10)
+    h.check_group(group, p, (0, 0))
+    trainer.shutdown("test over")
+    time.sleep(0.3)  # the worker has seen the shutdown, its return still in flight
+    replied.set()
+    assert run.join() == "shutdown"
+    assert run.worker.stats.groups_returned == 1
+
+
 def test_refused_prompt_comes_back_as_abort_group(gateway):
     server, trainer, engine = gateway
     run = h.WorkerThread(engine, h.FakeBackend())
