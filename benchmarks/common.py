@@ -132,12 +132,18 @@ def gloo_reference(manifests: list, tensors, repeats: int = 3) -> dict[str, floa
         (nothing packed, nothing loaded: the wire alone); `transport_gb_per_s`: the median
         GB/s of the project's `GlooSender.send` of each manifest (packing from `tensors`,
         the pipelined broadcast, the commit) into a receiver that drops the buckets: what
-        the data plane costs without an engine's load.
+        the data plane costs without an engine's load; `pack_gb_per_s`: the median GB/s of
+        packing alone (`transport.base.iter_packed` from `tensors` into the sender's kind of
+        reused buffers: the mapping's layout, the cast, the copy; nothing sent), measured
+        `repeats` times after one untimed pass. Packing and the wire share the same cores
+        here, so a push cannot beat 1 / (1 / pack + 1 / raw) unless they overlap.
     """
     import multiprocessing
 
     import torch
 
+    from transport.base import BufferPool, iter_packed
+    from transport.collective import PIPELINE_DEPTH
     from transport.gloo import GlooSender
     from transport.manifest import bucket_layout
 
@@ -163,6 +169,14 @@ def gloo_reference(manifests: list, tensors, repeats: int = 3) -> dict[str, floa
                 _bare_broadcast(pg, b)
             raw.append(time.perf_counter() - t0)
         del pg, bufs
+        pool = BufferPool("cpu")
+        packs = []
+        for _ in range(repeats + 1):
+            t0 = time.perf_counter()
+            for _buf in iter_packed(first, tensors(), "cpu", pool, PIPELINE_DEPTH):
+                pass
+            packs.append(time.perf_counter() - t0)
+        del pool
         sender = GlooSender("127.0.0.1", port + 1, 1, timeout_s=120)
         try:  # the first send forms the group: a warm-up, not timed
             sends = [sender.send(m, tensors()).seconds for m in manifests][1:]
@@ -178,4 +192,5 @@ def gloo_reference(manifests: list, tensors, repeats: int = 3) -> dict[str, floa
     return {
         "raw_gloo_gb_per_s": first.total_bytes / statistics.median(raw) / 1e9,
         "transport_gb_per_s": first.total_bytes / statistics.median(sends) / 1e9,
+        "pack_gb_per_s": first.total_bytes / statistics.median(packs[1:]) / 1e9,
     }

@@ -30,8 +30,11 @@ a bare torch gloo broadcast of preallocated buffers (the wire alone), and
 `transport_gb_per_s`, the project's `GlooSender` (packing from the same fp32 params, the
 pipelined broadcast, the commit) into a receiver that drops the buckets. `push_over_raw_gloo`
 is push GB/s over the raw broadcast (what vLLM's load adds is in it),
-`transport_over_raw_gloo` the data plane's own share. The references send whole tensors to one
-receiver, whatever `--tp` is.
+`transport_over_raw_gloo` the data plane's own share, and `pack_gb_per_s` /
+`pack_over_raw_gloo` the packing alone (mapping layout, cast to the wire dtype, copy into the
+sender's reused buffers; nothing sent): on a host where packing is not much faster than the
+wire, and both run on the same cores, it bounds what the push can reach. The references send
+whole tensors to one receiver, whatever `--tp` is.
 
 Data planes (`--data-plane`, one engine each, the gateway started with that transport): gloo,
 and shm (`transport.shm`: the trainer packs each version into a shared-memory segment under
@@ -287,7 +290,8 @@ def _bench_engine(
                     print(
                         f"  bucket {mb} MB, one receiver without an engine: raw gloo "
                         f"{ref['raw_gloo_gb_per_s']:.3f} GB/s, the transport "
-                        f"{ref['transport_gb_per_s']:.3f} GB/s"
+                        f"{ref['transport_gb_per_s']:.3f} GB/s, packing alone "
+                        f"{ref['pack_gb_per_s']:.3f} GB/s"
                     )
                     refs[combo] = ref
                 finally:
@@ -355,6 +359,8 @@ def _summary(
         out["push_over_raw_gloo"] = round(num_bytes / secs / 1e9 / raw, 4)
         out["transport_gb_per_s"] = round(ref["transport_gb_per_s"], 3)
         out["transport_over_raw_gloo"] = round(ref["transport_gb_per_s"] / raw, 4)
+        out["pack_gb_per_s"] = round(ref["pack_gb_per_s"], 3)
+        out["pack_over_raw_gloo"] = round(ref["pack_gb_per_s"] / raw, 4)
     return out
 
 

@@ -66,26 +66,47 @@ def _wait_for_steps(job: subprocess.Popen, run_dir: Path, steps: int) -> None:
         time.sleep(0.5)
 
 
-@pytest.mark.parametrize("backend", ["jax", pytest.param("vllm", marks=pytest.mark.vllm)])
-def test_two_trainer_processes_complete_the_smoke_job(tmp_path, backend):
-    """Every step's metrics row exactly once (steps and versions 1..4), the loop's counts add
-    up (submitted == trained + filtered + in flight, every in-flight group back), the engine
-    ends on version 4, the final checkpoint (step 4) exists, both trainer processes exit 0
-    and nothing of the run is left running. Every push fanned in: each trainer process sent
-    between 35% and 65% of the version's payload (process 0's ``sync_sent_bytes``, process
-    1's ``logs/trainer1_sends.jsonl``), the same total every version."""
+@pytest.mark.parametrize(
+    ("backend", "data_plane", "bound"),
+    [
+        ("jax", "gloo", 1e-6),
+        ("jax", "jax_transfer", 1e-6),
+        pytest.param("vllm", "gloo", 1e-4, marks=pytest.mark.vllm),
+    ],
+)
+def test_two_trainer_processes_complete_the_job_and_serve_its_weights(
+    tmp_path, backend, data_plane, bound
+):
+    """The smoke job on 2 trainer processes (one job per case checks both halves):
+
+    The job: every step's metrics row exactly once (steps and versions 1..4), the loop's
+    counts add up (submitted == trained + filtered + in flight, every in-flight group back),
+    the engine ends on version 4, the checkpoints of steps 2 and 4 exist (written by both
+    processes), both trainer processes exit 0 and nothing of the run is left running.
+
+    The weights: both trainer processes send their own blocks of every version, about half
+    each (each process's share of the payload in (0.35, 0.65): process 0's
+    ``sync_sent_bytes``, process 1's ``logs/trainer1_sends.jsonl``; the same total every
+    version), and the engine serves exactly the trainer's weights: at max_lag 0 with weight
+    decay moving the weights every step (as in the single-process data-plane tests), the fp32
+    engine's lag-0 sampler_kl stays below `bound` on every step (JAX engine over gloo, and
+    over jax_transfer, where the engine pulls each process's blocks onto its own device:
+    1e-6; vLLM at TP 2, so each TP rank receives its region from both processes: 1e-4). A
+    wrong or misplaced block shows as a gap of the weights' 5% step."""
     run_dir = tmp_path / "run"
-    extra = ["launch.devices_per_engine=2"] if backend == "vllm" else []
+    extra = [f"launch.data_plane={data_plane}"]
+    extra += ["launch.devices_per_engine=2"] if backend == "vllm" else []
     done = subprocess.run(
-        smoke_command(run_dir, f"rollout.backend={backend}", *TWO, *extra),
+        smoke_command(run_dir, f"rollout.backend={backend}", *TWO, *extra, "eval.size=0",
+                      "rollout.max_lag=0", "optim.weight_decay=50",
+                      "launch.engine_dtype=float32"),
         cwd=REPO, env=child_env(tmp_path), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     summary = json.loads((run_dir / "job_summary.json").read_text())
     loop = summary["loop"]
     metrics = jsonl_rows(run_dir / "metrics.jsonl")
-    assert [r["step"] for r in metrics] == list(range(1, STEPS + 1))
-    assert [r["version"] for r in metrics] == list(range(1, STEPS + 1))
+    assert [(r["step"], r["version"]) for r in metrics] == [(s, s) for s in range(1, STEPS + 1)]
     assert all(r["sync_gb_per_s"] > 0 for r in metrics)
     assert (loop["steps"], loop["version"], loop["stop_reason"]) == (STEPS, STEPS, "completed")
     assert summary["trainer_processes"] == 2
@@ -107,53 +128,21 @@ def test_two_trainer_processes_complete_the_smoke_job(tmp_path, backend):
     assert summary["exit_codes"] == {
         "gateway": 0, "engine0": 0, "trainer0": 0, "trainer1": 0,
     }  # fmt: skip
+    follower_log = (run_dir / "logs" / "trainer1.log").read_text()
+    assert f"trainer process 1: {STEPS} steps; process 0 stopped" in follower_log
+
+    lag0 = [r["train/gap/lag0/sampler_kl"] for r in metrics]
+    assert all(0 <= x < bound for x in lag0), lag0
     # every push fanned in: each process sent its own blocks, about half each, together the
     # same payload every version (transport.fan_in); process 1's sends of committed pushes
     sends = [r for r in jsonl_rows(run_dir / "logs" / "trainer1_sends.jsonl") if r["ok"]]
     assert [r["version"] for r in sends] == list(range(1, STEPS + 1))
+    assert all(r["sync_tp_shards"] == len(extra) for r in metrics)
     totals = {r["sync_sent_bytes"] + s["num_bytes"] for r, s in zip(metrics, sends, strict=True)}
-    assert len(totals) == 1 and totals.pop() >= 213_632  # one bf16 copy of the smoke model
+    assert len(totals) == 1 and totals.pop() >= 2 * 213_632  # one fp32 copy of the smoke model
     for r, s in zip(metrics, sends, strict=True):
         assert 0.35 < s["num_bytes"] / (r["sync_sent_bytes"] + s["num_bytes"]) < 0.65, (r, s)
-    follower_log = (run_dir / "logs" / "trainer1.log").read_text()
-    assert f"trainer process 1: {STEPS} steps; process 0 stopped" in follower_log
     assert _of_run(run_dir) == []
-
-
-@pytest.mark.parametrize(
-    ("backend", "data_plane", "bound"),
-    [
-        ("jax", "gloo", 1e-6),
-        ("jax", "jax_transfer", 1e-6),
-        pytest.param("vllm", "gloo", 1e-4, marks=pytest.mark.vllm),
-    ],
-)
-def test_fanned_in_versions_are_the_trainer_weights(tmp_path, backend, data_plane, bound):
-    """Both trainer processes send their own blocks of every version and the engine serves
-    exactly the trainer's weights: at max_lag 0 with weight decay moving the weights every step
-    (as in the single-process data-plane tests), the fp32 engine's lag-0 sampler_kl stays below
-    `bound` on every step (JAX engine over gloo, and over jax_transfer, where the engine pulls
-    each process's blocks onto its own device: 1e-6; vLLM at TP 2, so each TP rank receives its
-    region from both processes: 1e-4). A wrong or misplaced block shows as a gap of the
-    weights' 5% step."""
-    run_dir = tmp_path / "run"
-    extra = [f"launch.data_plane={data_plane}"]
-    extra += ["launch.devices_per_engine=2"] if backend == "vllm" else []
-    done = subprocess.run(
-        smoke_command(run_dir, f"rollout.backend={backend}", *TWO, *extra, "eval.size=0",
-                      "rollout.max_lag=0", "optim.weight_decay=50",
-                      "launch.engine_dtype=float32"),
-        cwd=REPO, env=child_env(tmp_path), capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    metrics = jsonl_rows(run_dir / "metrics.jsonl")
-    assert [(r["step"], r["version"]) for r in metrics] == [(s, s) for s in range(1, STEPS + 1)]
-    lag0 = [r["train/gap/lag0/sampler_kl"] for r in metrics]
-    assert all(0 <= x < bound for x in lag0), lag0
-    sends = jsonl_rows(run_dir / "logs" / "trainer1_sends.jsonl")
-    assert [r["version"] for r in sends if r["ok"]] == list(range(1, STEPS + 1))
-    assert all(r["sync_sent_bytes"] > 0 and r["sync_tp_shards"] == len(extra)
-               for r in metrics)  # fmt: skip
 
 
 def test_sigkill_of_trainer_process_1_stops_the_job(tmp_path):
