@@ -429,8 +429,9 @@ class EngineWorker:
 
     # ----- stop -----
     async def _teardown(self, tasks: list[asyncio.Task], beat: HeartbeatThread) -> None:
-        """End the tasks; on a stop, return what finished and deregister. Bounded by
-        `WorkerConfig.stop_s` whatever the gateway's state: an unreachable gateway is not
+        """End the tasks; on a stop, return what finished and deregister; at a gateway
+        shutdown, let a return call already in flight finish (`SHUTDOWN_RETURN_S`). Bounded
+        by `WorkerConfig.stop_s` whatever the gateway's state: an unreachable gateway is not
         retried past it (each call left running ends when the client's channel closes)."""
         end = time.monotonic() + self.cfg.stop_s
         lease_loop, sync_loop, returner, watch = tasks
