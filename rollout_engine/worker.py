@@ -447,9 +447,14 @@ class EngineWorker:
         for t in pending:
             t.cancel()
         await asyncio.gather(*pending, lease_loop, sync_loop, watch, return_exceptions=True)
-        if reachable:  # return what finished, then leave (leased prompts go back to the queue)
+        # the returner ends after what it holds: on a stop, every group that finished; at a
+        # gateway shutdown, the return call in flight (the gateway may have taken its groups)
+        if reachable or self._reason == SHUTDOWN:
+            left = end - time.monotonic()
             self._out.put_nowait(None)
-            await asyncio.wait([returner], timeout=max(0.0, end - time.monotonic() - 0.5))
+            limit = left - 0.5 if reachable else min(SHUTDOWN_RETURN_S, left)
+            await asyncio.wait([returner], timeout=max(0.0, limit))
+        if reachable:  # then leave (leased prompts go back to the queue)
             try:
                 back = await asyncio.wait_for(
                     self._call(self.client.deregister, self.engine_id),
@@ -461,9 +466,6 @@ class EngineWorker:
         elif self._reason == STOPPED:
             log.warning("stopping without deregistering: the gateway does not answer (%s)",
                         beat.error)  # fmt: skip
-        elif self._reason == SHUTDOWN:  # a return the gateway took before it shut down is counted
-            self._out.put_nowait(None)
-            await asyncio.wait([returner], timeout=min(SHUTDOWN_RETURN_S, end - time.monotonic()))
         returner.cancel()
         await asyncio.gather(returner, return_exceptions=True)
         beat.stop(timeout_s=0.1)  # a daemon thread; its long poll ends when the channel closes
