@@ -92,25 +92,82 @@ def truncate_logits(logits: jax.Array, *, top_k: int = 0, top_p: float = 1.0) ->
     return logits
 
 
-def inverse_cdf_draw(logprobs: jax.Array, uniforms: jax.Array) -> jax.Array:
-    """Draw one token per row by inverting the cumulative distribution.
+#: Tokens per block of `inverse_cdf_draw`'s two-level search.
+CDF_BLOCK = 256
 
-    Token ``i`` is returned when ``cdf[i-1] <= u · cdf[V-1] < cdf[i]``, so it has probability
-    ``p_i`` (up to float32 rounding of the cumulative sum); a token with ``p_i = 0`` (truncated,
-    ``-inf`` log-prob) adds exactly 0 to the sum and is never drawn. One uniform per row instead
-    of one Gumbel per vocabulary entry: about 4x cheaper than ``jax.random.categorical`` for a
-    [32, 49152] batch on this CPU (12 vs 52 ms).
+
+def inverse_cdf_draw(weights: jax.Array, uniforms: jax.Array) -> jax.Array:
+    """Draw one token per row by inverting the cumulative distribution of `weights`, in two
+    levels: the block of `CDF_BLOCK` tokens that holds the draw, then the token inside it.
+
+    Token ``i`` is returned when ``cdf[i-1] <= u · cdf[V-1] < cdf[i]`` (``cdf`` the running sum
+    of the row's weights), so it has probability ``w_i / sum(w)`` up to float32 rounding of the
+    sums; a token of weight 0 (truncated) is never drawn, also when rounding puts the target at
+    or past a block's or the row's end (the draw is then the last token of nonzero weight).
+    One uniform per row instead of one Gumbel per vocabulary entry (``jax.random.categorical``).
+    The search sums each block (one pass over the row), runs the cumulative sum over the
+    ``V / CDF_BLOCK`` block sums and over the one block that holds the target only: XLA's CPU
+    cumulative sum over whole rows of [128, 49152] took 42 ms (see `draw_logprob`).
 
     Args:
-        logprobs: ``[B, V]`` float32 normalised log-probs. uniforms: ``[B]`` float32 in [0, 1).
+        weights: ``[B, V]`` float32 nonnegative, unnormalised probabilities (e.g.
+            ``exp(logits - max)``), each row with a positive sum.
+        uniforms: ``[B]`` float32 in [0, 1).
 
     Returns:
         ``[B]`` int32 tokens.
     """
-    cdf = jnp.cumsum(jnp.exp(logprobs), axis=-1)  # [B, V]
-    target = uniforms * cdf[:, -1]  # [B]
-    tokens = jnp.sum(cdf <= target[:, None], axis=-1)
-    return jnp.minimum(tokens, logprobs.shape[-1] - 1).astype(jnp.int32)
+    b, vocab = weights.shape
+    blocks = -(-vocab // CDF_BLOCK)
+    padded = jnp.pad(weights, ((0, 0), (0, blocks * CDF_BLOCK - vocab)))
+    blocked = padded.reshape(b, blocks, CDF_BLOCK)  # [B, nb, blk]
+    block_sums = jnp.sum(blocked, axis=-1)  # [B, nb]
+    block_cdf = jnp.cumsum(block_sums, axis=-1)  # [B, nb]
+    target = uniforms * block_cdf[:, -1]  # [B]
+    j = jnp.minimum(jnp.sum(block_cdf <= target[:, None], axis=-1), _last_positive(block_sums))
+    base = jnp.where(j > 0, jnp.take_along_axis(block_cdf, (j - 1)[:, None], axis=-1)[:, 0], 0.0)
+    inner = jnp.take_along_axis(blocked, j[:, None, None], axis=1)[:, 0]  # [B, blk]
+    inner_cdf = base[:, None] + jnp.cumsum(inner, axis=-1)
+    i = jnp.minimum(jnp.sum(inner_cdf <= target[:, None], axis=-1), _last_positive(inner))
+    return (j * CDF_BLOCK + i).astype(jnp.int32)
+
+
+def _last_positive(x: jax.Array) -> jax.Array:
+    """``[B]`` int32 index of the last positive entry of each row of ``x [B, n]`` (0 if none)."""
+    index = jnp.arange(x.shape[-1], dtype=jnp.int32)
+    return jnp.max(jnp.where(x > 0, index, 0), axis=-1)
+
+
+def draw_logprob(
+    scaled: jax.Array, uniforms: jax.Array, greedy_tokens: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array]:
+    """Draw one token per row from ``softmax(scaled)`` and return it with its log-prob.
+
+    The log-prob is ``log_softmax(scaled)`` at the token, computed as `jax.nn.log_softmax`
+    computes it (``shifted = scaled - max``, minus ``log(sum(exp(shifted)))``) but only at that
+    token: no ``[B, V]`` log-prob array is made. Measured per decode step of 128 rows of
+    SmolLM2's 49,152-token vocabulary on a 2-core AMD EPYC (`sample_rows` whole, the greedy
+    rows' argmax included): 93 ms with the former draw (the full ``log_softmax``, its ``exp``
+    and one cumulative sum over each row), 31 ms with this one.
+
+    Args:
+        scaled: ``[B, V]`` float32 logits divided by the temperature (and truncated: removed
+            entries ``-inf``); each row has a finite entry.
+        uniforms: ``[B]`` float32 in [0, 1).
+        greedy_tokens: optional ``[B]`` int32 tokens that replace the draw where ``>= 0`` (the
+            greedy rows' argmax; their log-prob is still taken under ``scaled``).
+
+    Returns:
+        ``(tokens [B] int32, logprobs [B] float32)``.
+    """
+    shifted = scaled - jax.lax.stop_gradient(jnp.max(scaled, axis=-1, keepdims=True))
+    weights = jnp.exp(shifted)  # [B, V]
+    log_total = jnp.log(jnp.sum(weights, axis=-1))  # [B]
+    tokens = inverse_cdf_draw(weights, uniforms)
+    if greedy_tokens is not None:
+        tokens = jnp.where(greedy_tokens >= 0, greedy_tokens, tokens)
+    chosen = jnp.take_along_axis(shifted, tokens[:, None], axis=-1)[:, 0] - log_total
+    return tokens, chosen.astype(jnp.float32)
 
 
 def sample(
@@ -135,13 +192,8 @@ def sample(
     temperature = 1.0 if config.greedy else config.temperature
     scaled = logits.astype(jnp.float32) / jnp.float32(temperature)
     truncated = truncate_logits(scaled, top_k=config.top_k, top_p=config.top_p)
-    logprobs = jax.nn.log_softmax(truncated, axis=-1)  # [B, V]
-    if config.greedy:
-        tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    else:
-        tokens = inverse_cdf_draw(logprobs, jax.vmap(jax.random.uniform)(keys))
-    chosen = jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
-    return tokens, chosen.astype(jnp.float32)
+    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32) if config.greedy else None
+    return draw_logprob(truncated, jax.vmap(jax.random.uniform)(keys), greedy)
 
 
 @jax.tree_util.register_dataclass
@@ -224,8 +276,5 @@ def sample_rows(
     scaled = logits.astype(jnp.float32) / temperature[:, None]
     if truncate:
         scaled = truncate_logits_rows(scaled, rows.top_k, rows.top_p)
-    logprobs = jax.nn.log_softmax(scaled, axis=-1)  # [B, V]
-    drawn = inverse_cdf_draw(logprobs, jax.vmap(jax.random.uniform)(keys))
-    tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1).astype(jnp.int32), drawn)
-    chosen = jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
-    return tokens, chosen.astype(jnp.float32)
+    argmax = jnp.where(greedy, jnp.argmax(logits, axis=-1).astype(jnp.int32), -1)
+    return draw_logprob(scaled, jax.vmap(jax.random.uniform)(keys), argmax)
