@@ -178,59 +178,61 @@ class Attention(nnx.Module):
         B, T, N, H = q.shape
         K = keys.shape[2]
         qg = q.reshape(B, T, K, N // K, H)  # [B, T, K, G, H]
-        decode = T == 1 and kv is not None
-        if decode:  # one query over the cache in its own [B, S, K, H] layout (see decode_scores)
-            scores = decode_scores(qg, keys.astype(dt))
+        if T == 1 and kv is not None:  # one query over the cache, in its own layout
+            out = decode_attention(qg, keys.astype(dt), values.astype(dt), mask[:, 0], cfg)
         else:
             scores = jnp.einsum("btkgh,bskh->bkgts", qg, keys.astype(dt)).astype(jnp.float32)
-        scores = scores * cfg.query_scale
-        if cfg.attn_logit_softcap is not None:
-            scores = jnp.tanh(scores / cfg.attn_logit_softcap) * cfg.attn_logit_softcap
-        scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        if decode:
-            out = decode_values(probs, values.astype(dt)).reshape(B, T, N, H)
-        else:
-            out = jnp.einsum("bkgts,bskh->btkgh", probs, values.astype(dt)).reshape(B, T, N, H)
+            probs = attention_probs(scores, mask[:, None, None], cfg, axis=-1)
+            out = jnp.einsum("bkgts,bskh->btkgh", probs, values.astype(dt))
+        out = out.reshape(B, T, N, H)
         return jnp.einsum("btnh,nhd->btd", out, self.o.kernel[...].astype(dt)), kv
 
 
-def decode_scores(q: jax.Array, keys: jax.Array) -> jax.Array:
-    """Attention scores of one query position per row over the whole cache, as a multiply
-    and a reduction over H read straight from the cache's [B, S, K, H] layout.
-
-    Written out instead of `einsum("btkgh,bskh->bkgts")`: XLA's CPU backend lowers that
-    batched dot (batch dims B and K, a [G, H] x [H, S] product each) by first copying the
-    cache into [B, K, H, S] order (and the values likewise), then B·K tiny dots. Measured on
-    SmolLM2 in fp32 on a 2-core CPU (`benchmarks/rollout_throughput.py`, 128 new tokens per
-    sample, 30 layers): a decode step of 128 rows takes 601 ms this way against 852 ms with
-    the einsums; of 64 rows, 440 against 459 ms. The prefill and training paths (T > 1) keep
-    the einsums.
+def attention_probs(scores: jax.Array, mask: jax.Array, cfg: ModelConfig, axis: int) -> jax.Array:
+    """Attention probabilities from raw scores: scaled by `cfg.query_scale`, soft-capped
+    (`cfg.attn_logit_softcap`, Gemma 2), masked, softmax over the key axis `axis`, cast to
+    `cfg.dtype`.
 
     Args:
-        q: [B, 1, K, G, H]. keys: [B, S, K, H].
+        scores: float32 raw q·k, any layout with the keys on `axis`.
+        mask: bool, broadcastable to `scores` (True = visible).
+    """
+    scores = scores * cfg.query_scale
+    if cfg.attn_logit_softcap is not None:
+        scores = jnp.tanh(scores / cfg.attn_logit_softcap) * cfg.attn_logit_softcap
+    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    return jax.nn.softmax(scores, axis=axis).astype(cfg.dtype)
+
+
+def decode_attention(
+    q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array, cfg: ModelConfig
+) -> jax.Array:
+    """Attention of one query position per row over the whole cache, computed in the cache's
+    own [B, S, K, H] layout: the scores as a multiply and a reduction over H, the softmax over
+    S where the scores lie ([B, S, K, G]), the output as a multiply and a reduction over S.
+
+    Written out instead of the einsums of the prefill path (`btkgh,bskh->bkgts` and back):
+    XLA's CPU backend lowers those batched dots (batch dims B and K, a [G, H] x [H, S] product
+    each) by first copying the cache into [B, K, H, S] order, then B·K tiny dots: a SmolLM2
+    decode step of 128 rows took 852 ms with the einsums, 601 ms with the multiply-reduce
+    (`benchmarks/rollout_throughput.py`, fp32, 2-core AMD EPYC). The softmax now runs where
+    the scores lie instead of on them transposed to [B, K, G, 1, S]: alone (30 layers of
+    SmolLM2's shapes, K 3, G 3, H 64, 192 slots, 128 rows) about 165 ms against 290, but the
+    whole decode step did not move beyond this host's noise (not profiled further).
+    The products are taken in the engine's dtype and summed in float32, as before.
+
+    Args:
+        q: [B, 1, K, G, H]. keys / values: [B, S, K, H], both in the engine dtype.
+        mask: [B, S] bool, the key slots the query sees.
 
     Returns:
-        [B, K, G, 1, S] float32 (the einsum's layout), unscaled.
+        [B, 1, K, G, H] in `values`' dtype (the prefill einsum's "btkgh" layout).
     """
     prod = q[:, 0, None, :, :, :] * keys[:, :, :, None, :]  # [B, S, K, G, H]
-    s = jnp.sum(prod.astype(jnp.float32), axis=-1)  # [B, S, K, G]
-    return jnp.transpose(s, (0, 2, 3, 1))[:, :, :, None, :]
-
-
-def decode_values(probs: jax.Array, values: jax.Array) -> jax.Array:
-    """The attention output of one query position per row: the probability-weighted sum of
-    the cache's values over S, from their [B, S, K, H] layout (see `decode_scores`).
-
-    Args:
-        probs: [B, K, G, 1, S]. values: [B, S, K, H].
-
-    Returns:
-        [B, 1, K, G, H] in `values`' dtype (the einsum's "btkgh" layout).
-    """
-    p = jnp.transpose(probs[:, :, :, 0, :], (0, 3, 1, 2))  # [B, S, K, G]
-    prod = p[..., None].astype(jnp.float32) * values[:, :, :, None, :]  # [B, S, K, G, H]
-    return jnp.sum(prod, axis=1).astype(values.dtype)[:, None]
+    scores = jnp.sum(prod.astype(jnp.float32), axis=-1)  # [B, S, K, G]
+    probs = attention_probs(scores, mask[:, :, None, None], cfg, axis=1)
+    out = jnp.sum(probs[..., None].astype(jnp.float32) * values[:, :, :, None, :], axis=1)
+    return out.astype(values.dtype)[:, None]  # [B, 1, K, G, H]
 
 
 class _Proj(nnx.Module):
