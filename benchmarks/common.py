@@ -7,8 +7,10 @@ Imported by the scripts beside it (`python benchmarks/<name>.py` puts this folde
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 #: What a vLLM CPU engine needs here (2 cores): 1 GiB of KV cache, its OpenMP threads bound
@@ -137,6 +139,13 @@ def gloo_reference(manifests: list, tensors, repeats: int = 3) -> dict[str, floa
         reused buffers: the mapping's layout, the cast, the copy; nothing sent), measured
         `repeats` times after one untimed pass. Packing and the wire share the same cores
         here, so a push cannot beat 1 / (1 / pack + 1 / raw) unless they overlap.
+        `raw_gloo_cpu_s_per_gb`: CPU seconds (user + system, every thread of both processes)
+        the raw rounds took per GB, and `raw_gloo_cores` those CPU seconds over the rounds'
+        wall seconds (how many cores the wire alone keeps busy); `pack_cpu_s_per_gb` likewise
+        for the packing rounds. With `host_cores` cores, no push of these bytes (packing plus
+        the wire, the engine's load not counted) can beat
+        `host_ceiling_over_raw_gloo` = raw s / max(raw s, (raw CPU s + pack CPU s) / cores) of
+        the raw broadcast, however well the stages overlap.
     """
     import multiprocessing
 
@@ -161,21 +170,30 @@ def gloo_reference(manifests: list, tensors, repeats: int = 3) -> dict[str, floa
     peer.start()
     try:
         pg = _bare_gloo_group(port, 0)
+        if peer.pid is None:
+            raise RuntimeError("the gloo reference's receiver did not start")
+        peer_cpu = _cpu_seconds(peer.pid)
         bufs = [torch.ones(n, dtype=torch.uint8) for n in sizes]
         raw = []
+        cpu0, peer0 = time.process_time(), peer_cpu()
         for _ in range(repeats):
             t0 = time.perf_counter()
             for b in bufs:
                 _bare_broadcast(pg, b)
             raw.append(time.perf_counter() - t0)
+        raw_cpu = time.process_time() - cpu0
         del pg, bufs
         pool = BufferPool("cpu")
         packs = []
-        for _ in range(repeats + 1):
+        for i in range(repeats + 1):
+            if i == 1:
+                pack_cpu0 = time.process_time()
             t0 = time.perf_counter()
             for _buf in iter_packed(first, tensors(), "cpu", pool, PIPELINE_DEPTH):
                 pass
             packs.append(time.perf_counter() - t0)
+        pack_cpu = time.process_time() - pack_cpu0
+        raw_cpu += peer_cpu() - peer0  # the peer waits idle for the transport by now
         del pool
         sender = GlooSender("127.0.0.1", port + 1, 1, timeout_s=120)
         try:  # the first send forms the group: a warm-up, not timed
@@ -189,8 +207,30 @@ def gloo_reference(manifests: list, tensors, repeats: int = 3) -> dict[str, floa
             peer.join()
     if peer.exitcode != 0:
         raise RuntimeError(f"the gloo reference's receiver exited with {peer.exitcode}")
+    gb = first.total_bytes / 1e9
+    cores = len(os.sched_getaffinity(0))
+    raw_s = sum(raw) / repeats
+    raw_cpu_s, pack_cpu_s = raw_cpu / repeats, pack_cpu / repeats
     return {
-        "raw_gloo_gb_per_s": first.total_bytes / statistics.median(raw) / 1e9,
-        "transport_gb_per_s": first.total_bytes / statistics.median(sends) / 1e9,
-        "pack_gb_per_s": first.total_bytes / statistics.median(packs[1:]) / 1e9,
+        "raw_gloo_gb_per_s": gb / statistics.median(raw),
+        "transport_gb_per_s": gb / statistics.median(sends),
+        "pack_gb_per_s": gb / statistics.median(packs[1:]),
+        "raw_gloo_cpu_s_per_gb": raw_cpu_s / gb,
+        "raw_gloo_cores": raw_cpu_s / raw_s,
+        "pack_cpu_s_per_gb": pack_cpu_s / gb,
+        "host_cores": cores,
+        "host_ceiling_over_raw_gloo": raw_s / max(raw_s, (raw_cpu_s + pack_cpu_s) / cores),
     }
+
+
+def _cpu_seconds(pid: int) -> Callable[[], float]:
+    """A function returning the CPU seconds (user + system, all threads) process `pid` used."""
+    import psutil
+
+    proc = psutil.Process(pid)
+
+    def read() -> float:
+        t = proc.cpu_times()
+        return t.user + t.system
+
+    return read

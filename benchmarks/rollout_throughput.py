@@ -11,7 +11,9 @@ one pass over all prompts submitted at once:
   faster in fp32 on this CPU); warm-up: the same workload (it compiles every bucket).
   128 slots by default, as vLLM too runs well over 64 of the 256 samples at once: measured on
   the default workload on a 2-core AMD EPYC (AVX2), 205 tokens/s and a 601 ms step of 128
-  rows (0.51 of its roofline) against 172 tokens/s and a 440 ms step of 64 rows (0.43).
+  rows (0.51 of its roofline) against 172 tokens/s and a 440 ms step of 64 rows (0.43); with
+  the two-level sampler (`rollout_engine.jax.sampling.draw_logprob`), 220 tokens/s and a
+  565 ms step of 128 rows (0.56).
 - ``vllm``: the project's vLLM backend (`VllmBackend`: in-process `AsyncLLM`, processed
   log-probs returned, prefix caching, eager), once per `--vllm-dtypes` (default bf16 and fp32);
   warm-up: every prompt with 16 new tokens.

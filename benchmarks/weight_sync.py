@@ -33,8 +33,12 @@ is push GB/s over the raw broadcast (what vLLM's load adds is in it),
 `transport_over_raw_gloo` the data plane's own share, and `pack_gb_per_s` /
 `pack_over_raw_gloo` the packing alone (mapping layout, cast to the wire dtype, copy into the
 sender's reused buffers; nothing sent): on a host where packing is not much faster than the
-wire, and both run on the same cores, it bounds what the push can reach. The references send
-whole tensors to one receiver, whatever `--tp` is.
+wire, and both run on the same cores, it bounds what the push can reach. That bound is
+measured too: `raw_gloo_cores` is how many cores the raw broadcast alone keeps busy (CPU
+seconds of both ends over its wall seconds), `pack_cpu_s_per_gb` the packing's CPU time, and
+`host_ceiling_over_raw_gloo` the best `push_over_raw_gloo` that `host_cores` cores allow when
+the wire's and the packing's CPU time must both fit on them (the engine's load not counted).
+The references send whole tensors to one receiver, whatever `--tp` is.
 
 Data planes (`--data-plane`, one engine each, the gateway started with that transport): gloo,
 and shm (`transport.shm`: the trainer packs each version into a shared-memory segment under
@@ -291,7 +295,9 @@ def _bench_engine(
                         f"  bucket {mb} MB, one receiver without an engine: raw gloo "
                         f"{ref['raw_gloo_gb_per_s']:.3f} GB/s, the transport "
                         f"{ref['transport_gb_per_s']:.3f} GB/s, packing alone "
-                        f"{ref['pack_gb_per_s']:.3f} GB/s"
+                        f"{ref['pack_gb_per_s']:.3f} GB/s; raw gloo keeps "
+                        f"{ref['raw_gloo_cores']:.2f} of {ref['host_cores']} cores busy, so "
+                        f"no push here beats {ref['host_ceiling_over_raw_gloo']:.2f} of it"
                     )
                     refs[combo] = ref
                 finally:
@@ -361,6 +367,10 @@ def _summary(
         out["transport_over_raw_gloo"] = round(ref["transport_gb_per_s"] / raw, 4)
         out["pack_gb_per_s"] = round(ref["pack_gb_per_s"], 3)
         out["pack_over_raw_gloo"] = round(ref["pack_gb_per_s"] / raw, 4)
+        for key in ("raw_gloo_cpu_s_per_gb", "raw_gloo_cores", "pack_cpu_s_per_gb"):
+            out[key] = round(ref[key], 3)
+        out["host_cores"] = ref["host_cores"]
+        out["host_ceiling_over_raw_gloo"] = round(ref["host_ceiling_over_raw_gloo"], 4)
     return out
 
 
