@@ -25,12 +25,17 @@ deadline it dumps the stack ("Timeout (0:00:08)!", inside `jax.distributed.initi
 exits the process with `EXIT_INIT_TIMEOUT` (1, the code faulthandler exits with); JAX's own
 deadline is set `INIT_GRACE_S` later. Errors JAX does raise (a
 bad address) become `DistributedInitError`. After the join, JAX's coordination service watches
-heartbeats: when a process dies the survivors are terminated by JAX itself within about a
-second (measured here, SIGKILL of one of two CPU processes), with "The following tasks are
-unhealthy (stopped sending heartbeats): K" (K the lost process id), or "the leader task was
-preempted/died" when process 0, the coordinator, is the one lost; a process that stops
-heartbeating without closing its socket is declared dead after `heartbeat_timeout_s` (JAX's
-rule; not measured here). A survivor never waits in a collective for a peer that is gone.
+heartbeats. When process 0 (the coordinator) dies, the others are terminated by JAX within
+about a second ("the leader task was preempted/died"). When another process dies, the service
+notices after `heartbeat_timeout_s` without its heartbeat and terminates the rest with "The
+following tasks are unhealthy (stopped sending heartbeats): K" (measured here, SIGKILL of one
+of two CPU processes: within 60 s at a 10 s timeout; at 100 s the survivor instead fails at
+the next barrier it reaches). The launcher does not wait for either: it sees a trainer process
+exit and stops the job (`trainer.launch.trainer_processes`). The timeout defaults to JAX's
+100 s: at 20 s, one CI run on a loaded 2-core host saw the service declare both live processes
+dead at once (a stall of the whole host) and abort a healthy job; a short timeout trades a
+hung process found sooner for healthy jobs killed under load. A survivor never waits in a
+collective for a peer that is gone.
 (JAX's "recoverable" mode would let the survivor live on, and it then hangs in the next gloo
 collective: measured here; it is not used.)
 """
@@ -72,7 +77,8 @@ class ProcessGroup:
       cluster_detection_method: passed to `jax.distributed.initialize` ("slurm", "ompi",
         "mpi4py", ...); None lets JAX try its detectors.
       init_timeout_s: seconds to wait for every process to join (whole seconds).
-      heartbeat_timeout_s: seconds without a heartbeat after which a process counts as dead.
+      heartbeat_timeout_s: seconds without a heartbeat after which a process counts as dead
+        (JAX's default, 100); how soon a lost process other than 0 is found.
       shutdown_timeout_s: seconds a finishing process waits for the others at the shutdown
         barrier.
     """
@@ -84,7 +90,7 @@ class ProcessGroup:
     platform: str = "cpu"
     cluster_detection_method: str | None = None
     init_timeout_s: int = 120
-    heartbeat_timeout_s: int = 20
+    heartbeat_timeout_s: int = 100
     shutdown_timeout_s: int = 60
 
     @property

@@ -169,8 +169,15 @@ def test_sigkill_of_one_process_stops_the_other(
 ):
     """SIGKILL one of two processes while they step: the other exits non-zero within 60 s with
     JAX's error naming the lost process (task 1, or the leader, process 0), never a hang in a
-    collective; nothing is left running."""
-    group = start_group(tmp_path, checkpoint, ["--steps", "0", "--optimizers", "adamw"])
+    collective; nothing is left running. A lost follower is found by the coordination
+    service's heartbeat timeout (10 s here; measured: at JAX's default of 100 s the survivor
+    first times out at the shutdown barrier instead), a lost leader at once (its service is
+    gone)."""
+    group = start_group(
+        tmp_path,
+        checkpoint,
+        ["--steps", "0", "--optimizers", "adamw", "--heartbeat-timeout", "10"],
+    )
     try:
         deadline = time.monotonic() + 300
         while not all("STEP 2 " in w.stdout() for w in group):

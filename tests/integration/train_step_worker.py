@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--devices", type=int, required=True, help="CPU devices of this process")
     ap.add_argument("--steps", type=int, default=1, help="0: step until killed")
     ap.add_argument("--init-timeout", type=int, default=60)
-    ap.add_argument("--heartbeat-timeout", type=int, default=10)
+    ap.add_argument("--heartbeat-timeout", type=int, default=100)
     ap.add_argument("--optimizers", default="sgd,adamw", help="comma list: sgd, adamw")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)

@@ -163,6 +163,11 @@ class LaunchSection(_Section):
     """Trainer processes on this machine, joined under jax.distributed (one global mesh over
     all their devices; `trainer.launch.trainer_processes`); 1: the trainer runs in the
     launching process itself."""
+    trainer_heartbeat_timeout_s: int = Field(default=100, ge=1)
+    """With trainer_processes > 1: seconds without a jax.distributed heartbeat after which JAX
+    counts a trainer process as dead and ends the job: how soon a hung or lost process is
+    found when no launcher watches the processes (on a cluster; the launcher stops the job as
+    soon as one exits). JAX's default; short values kill healthy jobs on a loaded host."""
     accelerator: Literal["auto", "cpu", "gpu"] = "auto"
     """auto: gpu when nvidia-smi is on PATH, else cpu."""
     engine_dtype: Literal["float32", "bfloat16"] | None = None

@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             local_devices=job.launch.trainer_devices if cpu else None,
             platform="cpu" if cpu else "gpu",
             cluster_detection_method=args.cluster,
+            heartbeat_timeout_s=job.launch.trainer_heartbeat_timeout_s,
         )
     )
     args.result = args.result or str(job.run_dir.absolute() / "trainer_result.json")
