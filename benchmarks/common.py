@@ -12,6 +12,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 #: What a vLLM CPU engine needs here (2 cores): 1 GiB of KV cache, its OpenMP threads bound
 #: to both cores and no core reserved for vLLM's scheduler process (vLLM's "auto" binding
@@ -234,3 +235,26 @@ def _cpu_seconds(pid: int) -> Callable[[], float]:
         return t.user + t.system
 
     return read
+
+
+def compiled_temp_and_seconds(jitted: Any, args: tuple, repeats: int) -> dict[str, float]:
+    """XLA's planned temporary bytes (``memory_analysis().temp_size_in_bytes``: every
+    intermediate buffer, inputs and outputs excluded; on CPU the honest peak) and the median
+    seconds of `repeats` runs after a warm-up, of the jitted function on `args`.
+
+    Raises:
+        RuntimeError: the backend reports no memory analysis.
+    """
+    import jax
+
+    compiled = jitted.lower(*args).compile()
+    analysis = compiled.memory_analysis()
+    if analysis is None:
+        raise RuntimeError("this backend reports no memory analysis of compiled programs")
+    jax.block_until_ready(compiled(*args))  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        times.append(time.perf_counter() - start)
+    return {"temp_bytes": int(analysis.temp_size_in_bytes), "seconds": statistics.median(times)}

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
+from common import compiled_temp_and_seconds
 
 from trainer.logprobs import fused_target_logprobs, naive_target_logprobs
 
@@ -32,16 +31,7 @@ def _grad_fn(fn, **kw):
 
 def measure(fn, args, repeats: int, **kw) -> dict[str, float]:
     """Compiled temp bytes and median seconds of value-and-grad of sum(fn(...) * cot)."""
-    jitted = _grad_fn(fn, **kw)
-    compiled = jitted.lower(*args).compile()
-    temp = compiled.memory_analysis().temp_size_in_bytes
-    jax.block_until_ready(compiled(*args))  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        times.append(time.perf_counter() - start)
-    return {"temp_bytes": int(temp), "seconds": statistics.median(times)}
+    return compiled_temp_and_seconds(_grad_fn(fn, **kw), args, repeats)
 
 
 def main() -> None:

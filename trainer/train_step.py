@@ -118,6 +118,8 @@ class TrainStep:
         the truncated, renormalised distribution (`trainer.truncation`).
       micro_batches: k >= 1; B must be divisible by k * dp * fsdp.
       chunk_size: rows per chunk of the fused log-prob kernel.
+      attention_block: tokens per block of the attention when the padded length L exceeds
+        it (`trainer.models.blockwise`: memory O(L · block)); 0 keeps the dense path.
       min_shard_bytes: params below this size are replicated.
 
     A loss with ``kl_coef > 0`` needs a frozen reference policy: call `set_reference` first.
@@ -136,11 +138,14 @@ class TrainStep:
         micro_batches: int = 1,
         chunk_size: int = 1024,
         min_shard_bytes: int = 1 << 16,
+        attention_block: int = 0,
     ):
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0; got {temperature}")
         if micro_batches < 1:
             raise ValueError(f"micro_batches must be >= 1; got {micro_batches}")
+        if attention_block < 0:
+            raise ValueError(f"attention_block must be >= 0 tokens; got {attention_block}")
         if top_k < 0 or not 0 < top_p <= 1:
             raise ValueError(f"need top_k >= 0 and 0 < top_p <= 1; got {top_k}, {top_p}")
         self.template = ModelTemplate(model)
@@ -152,6 +157,7 @@ class TrainStep:
         self.top_p = float(top_p)
         self.micro_batches = int(micro_batches)
         self.chunk_size = int(chunk_size)
+        self.attention_block = int(attention_block)
         self.min_shard_bytes = int(min_shard_bytes)
         self._abstract = {
             k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in flat_params(model).items()
@@ -244,7 +250,9 @@ class TrainStep:
         """[M, L] float32 log-probs of the micro-batch's targets at the sampling temperature."""
         model = self.template.merge(params)
         tokens, positions = jnp.asarray(mb.tokens), jnp.asarray(mb.positions)
-        hidden, _ = model.hidden(tokens, positions)  # [M, L, D]
+        hidden, _ = model.hidden(
+            tokens, positions, attention_block=self.attention_block
+        )  # [M, L, D]
         return fused_target_logprobs(
             hidden,
             model.lm_head_weight(),

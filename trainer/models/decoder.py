@@ -55,10 +55,12 @@ class Block(nnx.Module):
         positions: jax.Array,
         kv: tuple[jax.Array, jax.Array] | None,
         kv_len: int | None = None,
+        block: int = 0,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """x: [B, T, D], positions: [B, T] -> ([B, T, D], updated layer cache); `kv_len`
-        bounds the attention to the first cache slots (see `Attention`)."""
-        h, kv = self.attn(self.attn_norm(x), positions, kv, kv_len)
+        bounds the attention to the first cache slots, `block` makes a cache-free attention
+        blockwise (see `Attention`)."""
+        h, kv = self.attn(self.attn_norm(x), positions, kv, kv_len, block)
         if self.post_norms:
             h = self.post_attn_norm(h)
         x = x + h
@@ -100,8 +102,13 @@ class Decoder(nnx.Module):
         positions: jax.Array,
         cache: KVCache | None = None,
         kv_len: int | None = None,
+        attention_block: int = 0,
     ) -> tuple[jax.Array, KVCache | None]:
-        """Final hidden states [B, T, D] (after the final norm), without the LM head."""
+        """Final hidden states [B, T, D] (after the final norm), without the LM head.
+
+        `attention_block` (static, tokens; 0 = dense): without a cache, attend `block`
+        queries at a time when T exceeds it (`trainer.models.blockwise`; the positions must
+        increase along T)."""
         cfg = self.cfg
         table = self.embed.embedding[...]
         x = jnp.take(table, tokens, axis=0).astype(cfg.dtype)  # [B, T, D]
@@ -111,7 +118,7 @@ class Decoder(nnx.Module):
         for i, block in enumerate(self.layers):
             with jax.named_scope(f"layer_{i}"):
                 kv = None if cache is None else (cache.k[i], cache.v[i])
-                x, kv = block(x, positions, kv, kv_len)
+                x, kv = block(x, positions, kv, kv_len, attention_block)
             if kv is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])

@@ -11,7 +11,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from trainer.models.blockwise import blockwise_attention
 from trainer.models.config import ModelConfig, RopeConfig
+from trainer.models.scores import attention_mask, attention_probs
 
 _INIT_STD = 0.02
 
@@ -97,20 +99,6 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
     return x * cos + rotated * sin
 
 
-def attention_mask(q_pos: jax.Array, k_pos: jax.Array, sliding_window: int | None) -> jax.Array:
-    """Boolean mask [B, T, S]: key slot s is visible to query t.
-
-    q_pos: [B, T] int32 positions of the queries; k_pos: [B, S] int32 positions of the
-    keys (-1 marks an empty slot). Causal (k <= q), and on sliding layers q - window < k.
-    """
-    q = q_pos[:, :, None]
-    k = k_pos[:, None, :]
-    mask = (k <= q) & (k >= 0)
-    if sliding_window is not None:
-        mask &= k > q - sliding_window
-    return mask
-
-
 class Attention(nnx.Module):
     """Grouped-query attention (Ainslie et al. 2023) with rope, optional q/k biases and q/k norms.
 
@@ -138,12 +126,17 @@ class Attention(nnx.Module):
         positions: jax.Array,
         kv: tuple[jax.Array, jax.Array] | None,
         kv_len: int | None = None,
+        block: int = 0,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """x: [B, T, D]; positions: [B, T] int32; kv: this layer's cache ([B, S, K, H] ×2) or None.
 
         `kv_len` (static, <= S) bounds the attention to cache slots [0, kv_len): every query
         position must be below it (slots past a query are masked anyway, so the result is
         the unbounded one), and a decode step then reads kv_len of the S slots.
+
+        `block` (static, tokens): without a cache and with T > block, the attention runs
+        `block` queries at a time (`trainer.models.blockwise`: memory O(T · block), not
+        O(T²)); the positions must then increase along T. 0: the dense path.
 
         Returns the output [B, T, D] and the updated cache (the call's keys and values
         written at slots `positions`; out-of-range slots are dropped).
@@ -174,10 +167,16 @@ class Attention(nnx.Module):
             slots = keys.shape[1]
             k_pos = jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32), (x.shape[0], slots))
         window = cfg.sliding_window if self.sliding else None
-        mask = attention_mask(positions, k_pos, window)  # [B, T, S]
         B, T, N, H = q.shape
         K = keys.shape[2]
         qg = q.reshape(B, T, K, N // K, H)  # [B, T, K, G, H]
+        if kv is None and 0 < block < T:
+            out = blockwise_attention(
+                qg, keys.astype(dt), values.astype(dt), positions, cfg, window, block
+            )
+            out = out.reshape(B, T, N, H)
+            return jnp.einsum("btnh,nhd->btd", out, self.o.kernel[...].astype(dt)), kv
+        mask = attention_mask(positions, k_pos, window)  # [B, T, S]
         if T == 1 and kv is not None:  # one query over the cache, in its own layout
             out = decode_attention(qg, keys.astype(dt), values.astype(dt), mask[:, 0], cfg)
         else:
@@ -186,22 +185,6 @@ class Attention(nnx.Module):
             out = jnp.einsum("bkgts,bskh->btkgh", probs, values.astype(dt))
         out = out.reshape(B, T, N, H)
         return jnp.einsum("btnh,nhd->btd", out, self.o.kernel[...].astype(dt)), kv
-
-
-def attention_probs(scores: jax.Array, mask: jax.Array, cfg: ModelConfig, axis: int) -> jax.Array:
-    """Attention probabilities from raw scores: scaled by `cfg.query_scale`, soft-capped
-    (`cfg.attn_logit_softcap`, Gemma 2), masked, softmax over the key axis `axis`, cast to
-    `cfg.dtype`.
-
-    Args:
-        scores: float32 raw q·k, any layout with the keys on `axis`.
-        mask: bool, broadcastable to `scores` (True = visible).
-    """
-    scores = scores * cfg.query_scale
-    if cfg.attn_logit_softcap is not None:
-        scores = jnp.tanh(scores / cfg.attn_logit_softcap) * cfg.attn_logit_softcap
-    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-    return jax.nn.softmax(scores, axis=axis).astype(cfg.dtype)
 
 
 def decode_attention(
