@@ -24,15 +24,13 @@ from common import compiled_temp_and_seconds
 
 from trainer.models.blockwise import blockwise_attention
 from trainer.models.config import ModelConfig
-from trainer.models.scores import attention_mask, attention_probs
+from trainer.models.layers import dense_attention
+from trainer.models.scores import attention_mask
 
 
-def dense_attention(q, k, v, positions, cfg: ModelConfig):  # noqa: ANN001, ANN201
+def dense_path(q, k, v, positions, cfg: ModelConfig):  # noqa: ANN001, ANN201
     """The dense path of `trainer.models.layers.Attention` without a cache."""
-    mask = attention_mask(positions, positions, None)
-    scores = jnp.einsum("btkgh,bskh->bkgts", q, k).astype(jnp.float32)
-    probs = attention_probs(scores, mask[:, None, None], cfg, axis=-1)
-    return jnp.einsum("bkgts,bskh->btkgh", probs, v)
+    return dense_attention(q, k, v, attention_mask(positions, positions, None), cfg)
 
 
 def measure(fn, args, repeats: int) -> dict[str, float]:  # noqa: ANN001
@@ -84,7 +82,7 @@ def main() -> None:
         cot = jax.random.normal(keys[3], (args.rows, t, K, G, H), jnp.float32)
         pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (args.rows, t))
         dense = measure(
-            functools.partial(dense_attention, positions=pos, cfg=cfg), (q, k, v, cot), args.repeats
+            functools.partial(dense_path, positions=pos, cfg=cfg), (q, k, v, cot), args.repeats
         )
         blk = measure(
             functools.partial(

@@ -108,14 +108,14 @@ def _query_block(
 
     def attend(carry, k, v, k_pos):  # noqa: ANN001, ANN202
         m, denom, acc = carry  # [B, K, G, bq] x2, [B, K, G, bq, H] float32
-        raw = jnp.einsum("btkgh,bskh->bkgts", qi, k.astype(dt)).astype(jnp.float32)
+        raw = jnp.einsum("btkgh,bskh->bkgts", qi, k).astype(jnp.float32)
         mask = attention_mask(q_pos, k_pos, window)[:, None, None]  # [B, 1, 1, bq, bk]
         s = attention_scores(raw, mask, cfg)
         m_new = jnp.maximum(m, s.max(axis=-1))
         p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
         scale = jnp.exp(m - m_new)
         denom = denom * scale + p.sum(axis=-1)
-        pv = jnp.einsum("bkgts,bskh->bkgth", p.astype(dt), v.astype(dt))
+        pv = jnp.einsum("bkgts,bskh->bkgth", p.astype(dt), v)
         return m_new, denom, acc * scale[..., None] + pv.astype(jnp.float32)
 
     def over_keys(carry, blk):  # noqa: ANN001, ANN202

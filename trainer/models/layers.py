@@ -170,21 +170,34 @@ class Attention(nnx.Module):
         B, T, N, H = q.shape
         K = keys.shape[2]
         qg = q.reshape(B, T, K, N // K, H)  # [B, T, K, G, H]
-        if kv is None and 0 < block < T:
-            out = blockwise_attention(
-                qg, keys.astype(dt), values.astype(dt), positions, cfg, window, block
-            )
-            out = out.reshape(B, T, N, H)
-            return jnp.einsum("btnh,nhd->btd", out, self.o.kernel[...].astype(dt)), kv
-        mask = attention_mask(positions, k_pos, window)  # [B, T, S]
-        if T == 1 and kv is not None:  # one query over the cache, in its own layout
+        if kv is None and 0 < block < T:  # the queries' own keys, `block` at a time
+            out = blockwise_attention(qg, keys, values, positions, cfg, window, block)
+        elif T == 1 and kv is not None:  # one query over the cache, in its own layout
+            mask = attention_mask(positions, k_pos, window)  # [B, 1, S]
             out = decode_attention(qg, keys.astype(dt), values.astype(dt), mask[:, 0], cfg)
         else:
-            scores = jnp.einsum("btkgh,bskh->bkgts", qg, keys.astype(dt)).astype(jnp.float32)
-            probs = attention_probs(scores, mask[:, None, None], cfg, axis=-1)
-            out = jnp.einsum("bkgts,bskh->btkgh", probs, values.astype(dt))
+            mask = attention_mask(positions, k_pos, window)  # [B, T, S]
+            out = dense_attention(qg, keys.astype(dt), values.astype(dt), mask, cfg)
         out = out.reshape(B, T, N, H)
         return jnp.einsum("btnh,nhd->btd", out, self.o.kernel[...].astype(dt)), kv
+
+
+def dense_attention(
+    q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array, cfg: ModelConfig
+) -> jax.Array:
+    """Attention of T queries over S key slots with every score materialised ([B, K, G, T, S]
+    float32): the prefill and short-sequence path.
+
+    Args:
+        q: [B, T, K, G, H]. keys / values: [B, S, K, H], all in the model dtype.
+        mask: [B, T, S] bool, the key slots each query sees (`scores.attention_mask`).
+
+    Returns:
+        [B, T, K, G, H] in the model dtype.
+    """
+    scores = jnp.einsum("btkgh,bskh->bkgts", q, keys).astype(jnp.float32)
+    probs = attention_probs(scores, mask[:, None, None], cfg, axis=-1)
+    return jnp.einsum("bkgts,bskh->btkgh", probs, values)
 
 
 def decode_attention(

@@ -11,8 +11,9 @@ import pytest
 
 from trainer.checkpoints.hf_io import load_hf_checkpoint
 from trainer.models.blockwise import blockwise_attention
+from trainer.models.layers import dense_attention
 from trainer.models.params import flat_params
-from trainer.models.scores import attention_mask, attention_probs
+from trainer.models.scores import attention_mask
 from trainer.train_step import ModelTemplate
 
 T = 37  # not a multiple of any block below
@@ -20,10 +21,7 @@ T = 37  # not a multiple of any block below
 
 def _dense(q, k, v, positions, cfg, window):
     """The dense path of `Attention` on [B, T, K, G, H] queries (no cache)."""
-    mask = attention_mask(positions, positions, window)
-    scores = jnp.einsum("btkgh,bskh->bkgts", q, k).astype(jnp.float32)
-    probs = attention_probs(scores, mask[:, None, None], cfg, axis=-1)
-    return jnp.einsum("bkgts,bskh->btkgh", probs, v)
+    return dense_attention(q, k, v, attention_mask(positions, positions, window), cfg)
 
 
 @pytest.mark.parametrize("block", [5, 16, 64])
@@ -62,8 +60,9 @@ def test_model_hidden_and_grads_equal_the_dense_path(family_variant, tiny_checkp
 )
 def test_the_function_equals_the_dense_path(tiny_checkpoint, window, softcap, block):
     """Queries [2, 37, K 2, G 3, H 16] with Gemma 2's soft cap and windows shorter and longer
-    than a block (key blocks wholly outside the window are skipped), and padding keys (position
-    -1) at the end of row 1: outputs within 1e-5, the padded queries' outputs dropped."""
+    than a block (key blocks wholly outside the window are skipped), every block size leaving
+    a last block padded with masked keys (position -1): outputs within 1e-5, the padded
+    queries' outputs dropped."""
     cfg, _ = load_hf_checkpoint(tiny_checkpoint("llama"))
     cfg = dataclasses.replace(cfg, attn_logit_softcap=softcap)
     k1, k2, k3 = jax.random.split(jax.random.PRNGKey(1), 3)
