@@ -1,4 +1,5 @@
-"""`python -m gateway serve|status|make-tokens`: run a gateway, print its status, make tokens.
+"""`python -m gateway serve|status|make-tokens|make-cert`: run a gateway, print its status, make
+tokens, make its TLS certificate (`gateway.certs`).
 
 Imports only grpc and the protos (no JAX, torch or vLLM): the server starts in well under a
 second.
@@ -69,6 +70,16 @@ def _parser() -> argparse.ArgumentParser:
 
     tokens = sub.add_parser("make-tokens", help="write a fresh token file (mode 0600)")
     tokens.add_argument("path", type=Path)
+
+    cert = sub.add_parser(
+        "make-cert", help="write DIR/gateway.pem and DIR/gateway.key for the given host names"
+    )
+    cert.add_argument("folder", type=Path)
+    cert.add_argument(
+        "--name", action="append", required=True,
+        help="a host name or address clients dial the gateway by (repeatable)",
+    )  # fmt: skip
+    cert.add_argument("--days", type=float, default=30.0, help="days the certificate is valid")
     return parser
 
 
@@ -186,6 +197,16 @@ def main(argv: list[str] | None = None) -> int:
         except GatewayError as e:
             print(f"status failed: {e}", file=sys.stderr)
             return 1
+    if args.command == "make-cert":
+        from gateway.certs import make_cert
+
+        try:
+            cert_path, key_path = make_cert(args.folder, args.name, args.days)
+        except ValueError as e:
+            print(str(e), file=sys.stderr)
+            return 2
+        print(f"wrote {cert_path} and {key_path} for {', '.join(args.name)}")
+        return 0
     from gateway.auth import write_tokens
 
     write_tokens(args.path)

