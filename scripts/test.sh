@@ -12,7 +12,7 @@ bash scripts/setup.sh
 VENV=${VENV:-.venv}
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
-"$VENV/bin/mypy" trainer gateway rollout_engine mappings transport envs benchmarks deploy/local
+"$VENV/bin/mypy" trainer gateway rollout_engine mappings transport envs benchmarks deploy
 WORKERS=${JAXRL_TEST_WORKERS:-2}
 if [ "$WORKERS" = "0" ]; then
   "$VENV/bin/python" -m pytest "$@"

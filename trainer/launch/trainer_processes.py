@@ -75,14 +75,15 @@ def worker_argv(
     model: Path,
     result: Path,
 ) -> list[str]:
-    """``python -m trainer.launch.trainer_worker ...`` of trainer process `index`."""
+    """``python -m trainer.launch.trainer_worker ...`` of trainer process `index` (with
+    ``launch.stop_joined=false``: the launcher, not its process 0, ends a joined gateway)."""
     run_dir = job.run_dir.absolute()
     return [
         sys.executable, "-m", "trainer.launch.trainer_worker",
         "--config", str(run_dir / "config.yaml"), "--run-dir", str(run_dir),
         "--process-id", str(index), "--num-processes", str(job.launch.trainer_processes),
         "--coordinator", coordinator, "--gateway", address, "--token-file", str(token_file),
-        "--model", str(model), "--result", str(result),
+        "--model", str(model), "--result", str(result), "launch.stop_joined=false",
     ]  # fmt: skip
 
 

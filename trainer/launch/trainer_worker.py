@@ -31,6 +31,7 @@ coordination service ends a process whose peer died (`trainer.distributed`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -137,6 +138,7 @@ def _lead(job, args: argparse.Namespace, model_path: Path) -> None:  # noqa: ANN
     from transformers import AutoTokenizer
 
     from gateway.client import GatewayClient
+    from gateway.errors import GatewayError
     from trainer.launch import interrupt
     from trainer.launch.data import load_job_data, make_decoder, make_encoder
     from trainer.launch.training import train_and_evaluate
@@ -164,6 +166,13 @@ def _lead(job, args: argparse.Namespace, model_path: Path) -> None:  # noqa: ANN
             result = train_and_evaluate(
                 job, client, None, model_path, data, encode, make_decoder(tokenizer), leader
             )
+        if job.launch.stop_joined:  # asked to: the gateway (and its engines) ends with the run
+            client.shutdown("the training job finished")
+    except BaseException as e:
+        if job.launch.stop_joined:
+            with contextlib.suppress(GatewayError):
+                client.shutdown(f"the trainer failed: {type(e).__name__}"[:200])
+        raise
     finally:
         client.close()
     out = Path(args.result)

@@ -43,7 +43,8 @@ def test_worker_argv_and_env(tmp_path):
         job, 1, "127.0.0.1:5000", "127.0.0.1:6000", tmp_path / "t", tmp_path / "m", tmp_path / "r"
     )
     assert argv[:3] == [sys.executable, "-m", "trainer.launch.trainer_worker"]
-    flags = dict(zip(argv[3::2], argv[4::2], strict=True))
+    assert argv[-1] == "launch.stop_joined=false"  # the launcher ends a joined gateway
+    flags = dict(zip(argv[3:-1:2], argv[4:-1:2], strict=True))
     assert flags["--process-id"] == "1" and flags["--num-processes"] == "2"
     assert flags["--coordinator"] == "127.0.0.1:5000" and flags["--gateway"] == "127.0.0.1:6000"
     assert flags["--config"] == str(tmp_path / "config.yaml")

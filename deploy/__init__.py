@@ -1,0 +1,1 @@
+"""Deployment recipes and the cluster in a box (`deploy.local`)."""
