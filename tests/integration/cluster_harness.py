@@ -101,7 +101,8 @@ class MainJobOnHosts:
     engine i (backend ``launch.engine_backends[i]``). Logs go to ``run_dir/logs``.
 
     `overrides` are config overrides (``key=value``) on configs/smoke.yaml; the host-specific
-    ones (gateway, token file, CA, data-plane host and ports) are added here.
+    ones (gateway, token file, CA, data-plane host and ports) are added here. `gateway_on`
+    puts the gateway on a host of its own.
     """
 
     box: ClusterBox
@@ -111,11 +112,13 @@ class MainJobOnHosts:
     engine_hosts: list[str]
     overrides: list[str] = field(default_factory=list)
     firewall: bool = True
+    gateway_on: str = ""
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     @property
     def gateway_host(self) -> str:
-        return self.trainer_hosts[0]
+        """The gateway's host: `gateway_on`, else trainer process 0's."""
+        return self.gateway_on or self.trainer_hosts[0]
 
     @property
     def gateway(self) -> str:
@@ -152,8 +155,9 @@ class MainJobOnHosts:
 
     def apply_firewalls(self) -> None:
         """Each host admits only its roles' ports (`ROLE_PORTS`)."""
-        for host in {*self.trainer_hosts, *self.engine_hosts}:
-            roles = ["gateway", "trainer0"] if host == self.gateway_host else []
+        for host in {self.gateway_host, *self.trainer_hosts, *self.engine_hosts}:
+            roles = ["gateway"] if host == self.gateway_host else []
+            roles += ["trainer0"] if host == self.trainer_hosts[0] else []
             roles += ["trainer"] if host in self.trainer_hosts[1:] else []
             roles += ["engine"] if host in self.engine_hosts else []
             self.box.firewall(host, sorted({p for r in roles for p in ROLE_PORTS[r]}, key=str))
@@ -187,7 +191,7 @@ class MainJobOnHosts:
     def start_trainers(self, extra: Sequence[str] = ()) -> None:
         """Start trainer process i on `trainer_hosts[i]` (one jax.distributed job whose
         coordinator is on the first), with config overrides `extra` after the others."""
-        coordinator = f"{self.box.address(self.gateway_host)}:{COORDINATOR_PORT}"
+        coordinator = f"{self.box.address(self.trainer_hosts[0])}:{COORDINATOR_PORT}"
         n = len(self.trainer_hosts)
         for i, host in enumerate(self.trainer_hosts):
             job = self.job(host)
