@@ -10,6 +10,7 @@ process 0 on one host, trainer process 1 on another, one engine per further host
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -102,7 +103,8 @@ class MainJobOnHosts:
 
     `overrides` are config overrides (``key=value``) on configs/smoke.yaml; the host-specific
     ones (gateway, token file, CA, data-plane host and ports) are added here. `gateway_on`
-    puts the gateway on a host of its own.
+    puts the gateway on a host of its own; `gateway_args` go on its command line (e.g.
+    ``--heartbeat-timeout 8``).
     """
 
     box: ClusterBox
@@ -113,6 +115,7 @@ class MainJobOnHosts:
     overrides: list[str] = field(default_factory=list)
     firewall: bool = True
     gateway_on: str = ""
+    gateway_args: list[str] = field(default_factory=list)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     @property
@@ -179,6 +182,7 @@ class MainJobOnHosts:
         certs = self.run_dir / "certs"
         argv = gateway_argv(job, self.run_dir, family)
         argv += ["--cert", str(certs / "gateway.pem"), "--key", str(certs / "gateway.key")]
+        argv += self.gateway_args
         self._start("gateway", gw_host, argv, env)
         self.wait_for_file(self.run_dir / "gateway.port", 60)
         for i, host in enumerate(self.engine_hosts):
@@ -190,20 +194,41 @@ class MainJobOnHosts:
 
     def start_trainers(self, extra: Sequence[str] = ()) -> None:
         """Start trainer process i on `trainer_hosts[i]` (one jax.distributed job whose
-        coordinator is on the first), with config overrides `extra` after the others."""
+        coordinator is on the first; a single trainer host runs ``python -m trainer train``
+        joined to the gateway), with config overrides `extra` after the others."""
         coordinator = f"{self.box.address(self.trainer_hosts[0])}:{COORDINATOR_PORT}"
         n = len(self.trainer_hosts)
         for i, host in enumerate(self.trainer_hosts):
             job = self.job(host)
             env = child_env(self.tmp_path, PYTHONUNBUFFERED="1") | trainer_env(job, {})
-            argv = [
-                sys.executable, "-m", "trainer.launch.trainer_worker",
-                "--config", str(REPO / "configs" / "smoke.yaml"), "--run-dir", str(self.run_dir),
-                "--process-id", str(i), "--num-processes", str(n), "--coordinator", coordinator,
-                "--gateway", self.gateway, "--token-file", str(self.run_dir / "tokens.txt"),
-                "--model", str(self.model), *self._overrides(host), *extra,
-            ]  # fmt: skip
-            self._start(f"trainer{i}", host, argv, env)
+            config = ["--config", str(REPO / "configs" / "smoke.yaml")]
+            if n == 1:
+                argv = [sys.executable, "-m", "trainer", "train", *config,
+                        "launch.progress=false"]  # fmt: skip
+            else:
+                argv = [
+                    sys.executable, "-m", "trainer.launch.trainer_worker", *config,
+                    "--run-dir", str(self.run_dir), "--process-id", str(i),
+                    "--num-processes", str(n), "--coordinator", coordinator,
+                    "--gateway", self.gateway, "--token-file", str(self.run_dir / "tokens.txt"),
+                    "--model", str(self.model),
+                ]  # fmt: skip
+            self._start(f"trainer{i}", host, [*argv, *self._overrides(host), *extra], env)
+
+    def result(self) -> dict:
+        """The trainer's result: trainer_result.json (several processes) or job_summary.json
+        (one), as written by trainer process 0."""
+        for name in ("trainer_result.json", "job_summary.json"):
+            if (self.run_dir / name).exists():
+                return json.loads((self.run_dir / name).read_text())
+        raise FileNotFoundError(f"no trainer result in {self.run_dir}")
+
+    def events(self) -> list[dict]:
+        """The gateway's events so far (logs/gateway_events.jsonl), oldest first."""
+        path = self.run_dir / "logs" / "gateway_events.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
     def wait_for_file(self, path: Path, timeout_s: float) -> None:
         """Until `path` exists; fails naming the process that exited first, with its log."""

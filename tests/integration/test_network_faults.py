@@ -89,3 +89,76 @@ def test_trainer_host_link_down_stops_the_job_and_a_resume_continues_exactly(
     assert len(trained) == steps * PROMPTS and max(Counter(trained).values()) == 1
     after = [g for g in groups if g["step"] > saved[-1]]
     assert after and all(g["sample_id"].split(":")[0].endswith("@1") for g in after)
+
+
+def _wait_event(job: MainJobOnHosts, match, timeout_s: float) -> dict:  # noqa: ANN001
+    """The first gateway event, from now on, for which `match(event)` holds."""
+    seen = len(job.events())
+    deadline = time.monotonic() + timeout_s
+    while True:
+        new = job.events()[seen:]
+        for e in new:
+            if match(e):
+                return e
+        seen += len(new)
+        job.check_alive()
+        assert time.monotonic() < deadline, f"no such event within {timeout_s} s"
+        time.sleep(0.02)
+
+
+def test_gateway_link_flap_and_an_engine_cut_mid_push(cluster_box, tmp_path):
+    """The gateway's host (node0, alone) loses its link for 5 s after step 2: the trainer
+    (node1) and both JAX engines (node2, node3) ride it out (heartbeat timeout 8 s: nobody is
+    dropped). Then engine B's host (node3, its link at 2 Mbit/s) is cut right after a version
+    is published, while its buckets are on the wire (it never loads that version): the gateway drops it for missed heartbeats (reason in the
+    events), its leases go back, the publisher re-plans the version on engine A and the run
+    trains all 10 steps on it. Counts: each step once at versions 1..10, every group counted
+    once (`submitted == trained + filtered + in_flight`), no sample id trained twice."""
+    steps = 10
+    box = cluster_box(["node0", "node1", "node2", "node3"])
+    job = MainJobOnHosts(
+        box, tmp_path / "run", tmp_path, trainer_hosts=["node1"],
+        engine_hosts=["node2", "node3"], gateway_on="node0",
+        gateway_args=["--heartbeat-timeout", "8"],
+        overrides=[f"trainer.steps={steps}", "launch.trainer_devices=1", "eval.size=0",
+                   "launch.engine_backends=[jax, jax]", "launch.data_plane_timeout_s=60"],
+    )  # fmt: skip
+    box.limit_rate("node3", 2)  # engine B's push of ~0.45 MB takes ~2 s: the cut lands mid-push
+    try:
+        job.start()
+        _wait_rows(job, 2, 400)
+        box.set_link("node0", False)
+        time.sleep(5)
+        box.set_link("node0", True)
+        _wait_rows(job, 4, 300)
+        published = _wait_event(job, lambda e: e["event"] == "published", 120)
+        box.set_link("node3", False)  # engine B's buckets of this version are in flight
+        codes = job.wait_trainers(600)
+        t_end = time.time()  # the engines deregister when stopped below: not the run's events
+    finally:
+        job.stop()
+    assert codes == [0], job.log("trainer0")[-3000:]
+    events = [e for e in job.events() if e["t"] <= t_end]
+    engines = sorted({e["engine"] for e in events if e["event"] == "registered"})
+    assert len(engines) == 2, engines
+    engine_a, engine_b = engines  # engine0-node2-..., engine1-node3-...
+    assert engine_b.startswith("engine1-node3")
+    dropped = [e for e in events if e["event"] == "dropped"]
+    assert [e["engine"] for e in dropped] == [engine_b], dropped  # the flap dropped nobody
+    assert dropped[0]["t"] > published["t"]
+    assert not [e for e in events if e["event"] == "loaded" and e["engine"] == engine_b
+                and e["version"] >= published["version"]]  # fmt: skip
+    requeued = [e for e in events if e["event"] == "leases_requeued"]
+    assert [e["engine"] for e in requeued] == [engine_b]
+    later = [e for e in events if e["event"] == "loaded" and e["t"] > dropped[0]["t"]]
+    assert later and {e["engine"] for e in later} == {engine_a}
+
+    rows = jsonl_rows(job.run_dir / "metrics.jsonl")
+    assert [(r["step"], r["version"]) for r in rows] == [(s, s) for s in range(1, steps + 1)]
+    summary = jsonl_rows(job.run_dir / "groups.jsonl")
+    trained = [g["sample_id"] for g in summary if g["outcome"] == "trained"]
+    assert len(trained) == steps * PROMPTS and max(Counter(trained).values()) == 1
+    loop = job.result()["loop"]
+    filtered = loop["filtered_lag"] + loop["filtered_zero_variance"] + loop["filtered_aborted"]
+    assert loop["submitted"] == loop["trained_groups"] + filtered + loop["in_flight"]
+    assert loop["trained_groups"] == steps * PROMPTS
