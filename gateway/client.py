@@ -273,6 +273,7 @@ class GatewayClient:
         phase: str = "loaded",
         error: str = "",
         serving: bool = False,
+        seq: int = 0,
     ) -> m.SyncDirective | None:
         """[engine] Report sync progress: "ready" (at a safe point), "loaded" (serving
         `version`) or "failed" (with `error`).
@@ -281,6 +282,11 @@ class GatewayClient:
         whole and keeps serving it: it may go on leasing (for that version). With
         `serving=False` it holds no whole version and may lease nothing until a later
         "loaded". Either way the trainer's `wait_sync` for `version` ends with the failure.
+
+        `seq`: the `SyncDirective.seq` of the plan acknowledged (0: unknown). The gateway
+        ignores a "ready" or "failed" of an earlier plan of the current version (the trainer
+        re-planned it meanwhile), so a late failure of a dead group's plan never counts
+        against the new one.
 
         Returns:
             The directive still pending, if any.
@@ -302,6 +308,7 @@ class GatewayClient:
             error=error,
             serving=serving,
             engine_key=self._key(engine_id),
+            seq=seq,
         )
         return cv.sync_from_pb(self._call("AckVersion", request).sync)
 

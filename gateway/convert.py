@@ -213,7 +213,7 @@ def spec_to_pb(e: m.EngineSpec) -> gpb.RegisterRequest:
 
 def sync_from_pb(d: gpb.SyncDirective) -> m.SyncDirective | None:
     """A directive, or None when no sync is pending."""
-    return m.SyncDirective(d.target_version, dict(d.params)) if d.pending else None
+    return m.SyncDirective(d.target_version, dict(d.params), d.seq) if d.pending else None
 
 
 def phase_from_pb(phase: int) -> str:

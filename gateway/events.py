@@ -12,6 +12,7 @@ Each event is one JSON object: ``{"t": wall-clock seconds (time.time()), "event"
 | `published` | `version`, `replan` (true when a version's data-plane plan changed), `engines` |
 | `loaded` | `engine`, `version`, `current` (the gateway's version at the ack) |
 | `sync_failed` | `engine`, `version`, `serving`, `error` (at most 300 characters) |
+| `stale_ack` | `engine`, `version`, `phase`, `seq` (the plan it answers), `current_seq`: ignored |
 
 `EventLog` keeps the last `keep` events in memory (tests read them with `events()`) and, when
 given a path, appends each one to that JSONL file at once (flushed), so another process (a

@@ -235,10 +235,13 @@ class EngineSpec:
 
 @dataclasses.dataclass(frozen=True)
 class SyncDirective:
-    """Load `target_version` at the next safe point; `params` come from the trainer."""
+    """Load `target_version` at the next safe point; `params` come from the trainer; `seq`
+    is the publication (bumped by every publish, re-plans included) that an ack of this
+    directive names back (`GatewayClient.ack_version`), 0 when unknown."""
 
     target_version: int
     params: dict[str, str]
+    seq: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

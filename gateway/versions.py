@@ -10,6 +10,7 @@ holds its lock around every call and does the waiting.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import secrets
 from collections.abc import Iterable
 
@@ -17,6 +18,8 @@ from gateway.errors import invalid
 from gateway.events import EventLog
 from gateway.validate import check_timeout
 from protos import gateway_pb2 as gpb
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -79,7 +82,9 @@ class Versions:
         """The sync directive for `engine`: empty once it loaded the current version."""
         if engine.weight_version >= self.current:
             return gpb.SyncDirective()
-        return gpb.SyncDirective(pending=True, target_version=self.current, params=self.params)
+        return gpb.SyncDirective(
+            pending=True, target_version=self.current, params=self.params, seq=self.seq
+        )
 
     def check_published(self, version: int) -> None:
         """Raises GatewayError INVALID_ARGUMENT unless `version` is 0..current."""
@@ -126,6 +131,11 @@ class Versions:
         `serving` keeps it leasing on its previous version; FAILED without it stops its
         leases until a later LOADED. READY changes neither.
 
+        A READY or FAILED ack of an earlier plan of the current version (`req.seq` set and
+        below `seq`: the trainer re-planned the version after it was sent) is ignored, with a
+        `stale_ack` event and a log line: it says nothing about the current plan. A LOADED
+        ack counts whatever plan brought the weights.
+
         Raises:
             GatewayError: INVALID_ARGUMENT for an unpublished version, a phase other than
                 READY/LOADED/FAILED, `serving` set with a phase other than FAILED, or a
@@ -139,6 +149,18 @@ class Versions:
                 "serving: expected false unless phase is FAILED, got true with phase "
                 f"{gpb.SyncPhase.Name(req.phase)}"
             )
+        if self.stale(req):
+            phase = gpb.SyncPhase.Name(req.phase).removeprefix("SYNC_PHASE_")
+            log.warning(
+                "ignored the %s ack of %s for version %d: it answers plan %d of that version, "
+                "the current plan is %d",
+                phase, engine.engine_id, req.version, req.seq, self.seq,
+            )  # fmt: skip
+            self.events.emit(
+                "stale_ack", engine=engine.engine_id, version=req.version, phase=phase,
+                seq=req.seq, current_seq=self.seq,
+            )  # fmt: skip
+            return gpb.AckReply(sync=self.directive(engine))
         if req.phase == gpb.SYNC_PHASE_LOADED:
             if req.version < engine.weight_version:
                 raise invalid(
@@ -164,6 +186,14 @@ class Versions:
                 error=req.error,
             )
         return gpb.AckReply(sync=self.directive(engine))
+
+    def stale(self, req: gpb.AckRequest) -> bool:
+        """`req` is a READY or FAILED ack of an earlier plan of the current version."""
+        return (
+            req.phase != gpb.SYNC_PHASE_LOADED
+            and req.version == self.current
+            and 0 < req.seq < self.seq
+        )
 
 
 def check_wait(req: gpb.WaitSyncRequest) -> None:

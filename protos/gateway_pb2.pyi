@@ -72,7 +72,7 @@ class RegisterRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., backend: _Optional[str] = ..., device_count: _Optional[int] = ..., tp_size: _Optional[int] = ..., model_family: _Optional[str] = ..., dtype: _Optional[str] = ..., transports: _Optional[_Iterable[str]] = ..., weight_version: _Optional[int] = ..., host: _Optional[str] = ...) -> None: ...
 
 class SyncDirective(_message.Message):
-    __slots__ = ("pending", "target_version", "params")
+    __slots__ = ("pending", "target_version", "params", "seq")
     class ParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -83,10 +83,12 @@ class SyncDirective(_message.Message):
     PENDING_FIELD_NUMBER: _ClassVar[int]
     TARGET_VERSION_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
     pending: bool
     target_version: int
     params: _containers.ScalarMap[str, str]
-    def __init__(self, pending: _Optional[bool] = ..., target_version: _Optional[int] = ..., params: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    seq: int
+    def __init__(self, pending: _Optional[bool] = ..., target_version: _Optional[int] = ..., params: _Optional[_Mapping[str, str]] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
     __slots__ = ("accepted", "refusal_reason", "engine_id", "settings", "current_version", "sync", "heartbeat_interval_s", "heartbeat_timeout_s", "lease_seconds", "retry", "engine_key")
@@ -193,20 +195,22 @@ class ReturnReply(_message.Message):
     def __init__(self, accepted: _Optional[int] = ..., dropped: _Optional[int] = ..., dropped_reason: _Optional[str] = ..., released: _Optional[int] = ...) -> None: ...
 
 class AckRequest(_message.Message):
-    __slots__ = ("engine_id", "version", "phase", "error", "serving", "engine_key")
+    __slots__ = ("engine_id", "version", "phase", "error", "serving", "engine_key", "seq")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     SERVING_FIELD_NUMBER: _ClassVar[int]
     ENGINE_KEY_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     version: int
     phase: SyncPhase
     error: str
     serving: bool
     engine_key: str
-    def __init__(self, engine_id: _Optional[str] = ..., version: _Optional[int] = ..., phase: _Optional[_Union[SyncPhase, str]] = ..., error: _Optional[str] = ..., serving: _Optional[bool] = ..., engine_key: _Optional[str] = ...) -> None: ...
+    seq: int
+    def __init__(self, engine_id: _Optional[str] = ..., version: _Optional[int] = ..., phase: _Optional[_Union[SyncPhase, str]] = ..., error: _Optional[str] = ..., serving: _Optional[bool] = ..., engine_key: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class AckReply(_message.Message):
     __slots__ = ("sync",)

@@ -3,19 +3,19 @@
 Parses and validates the config (`rollout_engine.config`, no ML import) before anything heavy,
 so `--help` and a bad flag answer at once; then checks the gateway, the token and the run's
 settings (`rollout_engine.precheck`, seconds) before it starts the backend (minutes for vLLM),
-runs the worker loop until the gateway shuts down, SIGTERM/SIGINT, or a lost gateway, and
-shuts the backend down. A SIGTERM ends the process within `WorkerConfig.stop_s` plus the
-backend's shutdown, whatever the gateway's state.
-Exit status: 0 after a shutdown or a stop, 1 after a lost gateway or a refusal.
+runs the worker loop until the gateway shuts down, SIGTERM/SIGINT, or a gateway lost for
+good, and shuts the backend down. An engine that loses the gateway (dropped, or unreachable)
+registers again for up to `--rejoin-s` seconds (`rollout_engine.rejoin`). A SIGTERM ends the
+process within `WorkerConfig.stop_s` plus the backend's shutdown, whatever the gateway's state.
+Exit status (`exit_status`): 0 after a shutdown or a stop; 3 when no registration succeeded
+within `--rejoin-s` after a loss; 1 after a refusal, an error, or a loss with `--rejoin-s 0`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
-import signal
 import socket
 import sys
 from typing import TYPE_CHECKING
@@ -163,33 +163,12 @@ def engine_spec(cfg: EngineProcessConfig) -> EngineSpec:
     )
 
 
-async def run_worker(client, backend, spec, cfg: WorkerConfig, max_rejoins: int = 10) -> str:
-    """Run `EngineWorker`s over one started backend until one stops for a reason other than
-    "dropped" (the gateway dropped the engine: it registers again, with the version the
-    backend holds, at most `max_rejoins` times); SIGTERM/SIGINT stop the current one.
-    Returns the last worker's stop reason."""
-    from rollout_engine.worker import DROPPED, EngineWorker
-
-    loop = asyncio.get_running_loop()
-    reason = ""
-    for _ in range(max_rejoins + 1):
-        worker = EngineWorker(client, backend, spec, cfg)
-        with contextlib.suppress(RuntimeError, NotImplementedError):  # not the main thread
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, worker.request_stop)
-        reason = await worker.run()
-        if reason != DROPPED:
-            return reason
-        log.warning("the gateway dropped engine %s; registering again", worker.engine_id)
-    return reason
-
-
-async def serve(cfg: EngineProcessConfig, max_rejoins: int = 10) -> str:
+async def serve(cfg: EngineProcessConfig) -> str:
     """Check the gateway (`precheck`), start the backend, run the worker until it stops, shut
-    the backend down; returns the worker's stop reason. An engine the gateway dropped (it
-    missed heartbeats, or its connection broke) registers again with the version it holds,
-    up to `max_rejoins` times, without restarting the backend (the gateway then hands it the
-    current version before any lease).
+    the backend down; returns the worker's stop reason. An engine that lost the gateway (it
+    was dropped, or the gateway stayed unreachable) registers again with the version it
+    holds, for up to `cfg.worker.rejoin_s` seconds, without restarting the backend (the
+    gateway then hands it the current version before any lease): `rollout_engine.rejoin`.
 
     Raises:
         GatewayError: the precheck or the registration failed (a dead gateway, a refused
@@ -198,6 +177,7 @@ async def serve(cfg: EngineProcessConfig, max_rejoins: int = 10) -> str:
     """
     from gateway.client import GatewayClient
     from rollout_engine.precheck import precheck
+    from rollout_engine.rejoin import run_worker
 
     spec = engine_spec(cfg)
     client = GatewayClient.from_token_file(cfg.gateway, cfg.token_file, "engine", cfg.ca_file)
@@ -213,7 +193,7 @@ async def serve(cfg: EngineProcessConfig, max_rejoins: int = 10) -> str:
     backend = make_backend(cfg)
     try:
         await backend.start()
-        return await run_worker(client, backend, spec, cfg.worker, max_rejoins)
+        return await run_worker(client, backend, spec, cfg.worker)
     finally:
         await backend.shutdown()
         client.close()
@@ -233,7 +213,15 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", e)
         return 1
     log.info("engine stopped: %s", reason)
-    return 0 if reason in ("shutdown", "stopped") else 1
+    return exit_status(reason)
+
+
+def exit_status(reason: str) -> int:
+    """The process's exit status for a worker stop reason: 0 for "shutdown" and "stopped",
+    3 for "rejoin_failed" (`rollout_engine.rejoin.REJOIN_FAILED`), 1 for any other."""
+    if reason in ("shutdown", "stopped"):
+        return 0
+    return 3 if reason == "rejoin_failed" else 1
 
 
 if __name__ == "__main__":

@@ -33,7 +33,12 @@ class WorkerConfig(BaseModel):
     """How long to keep retrying a registration the gateway may accept later (run not
     configured yet)."""
     gateway_retry_s: float = Field(default=30.0, gt=0)
-    """A gateway unreachable for this long counts as lost: the worker exits."""
+    """A gateway unreachable for this long counts as lost (the worker ends, and the engine
+    registers again for up to `rejoin_s`)."""
+    rejoin_s: float = Field(default=300.0, ge=0)
+    """After the gateway dropped the engine or stayed unreachable past `gateway_retry_s`,
+    keep trying to register again for this many seconds (`rollout_engine.rejoin`); past it
+    the process exits with status 3. 0: exit at once (status 1)."""
     connect_timeout_s: float = Field(default=300.0, gt=0)
     """Joining the data plane (the rendezvous with the trainer's sender)."""
     update_timeout_s: float = Field(default=600.0, gt=0)

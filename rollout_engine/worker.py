@@ -14,7 +14,10 @@ directive arrives at once), and runs four asyncio tasks until a stop:
   join the data plane if the directive names a new group, `backend.update_weights(manifest)`,
   ack "loaded", resume. On failure it acks "failed" with the error (see below). A directive
   for the version just attempted but on a new group (the trainer re-planned the push after a
-  member of the old group died) is attempted again.
+  member of the old group died) is attempted again. Every ack names the plan it answers
+  (the directive's `seq`): a failure of a plan the trainer re-planned meanwhile (a restarted
+  engine handed the dead group's plan) is ignored by the gateway, never counted against the
+  new plan.
 - **watchdog**: ends the run when the gateway shuts down, drops the engine, or stays
   unreachable past `gateway_retry_s`.
 
@@ -353,8 +356,8 @@ class EngineWorker:
             plan = SyncPlan.from_params(d.params, v)
             rank = plan.rank_of(self.engine_id)
         except SyncPlanError as e:
-            return await self._failed_update(v, e)
-        await self._call(self.client.ack_version, self.engine_id, v, "ready")
+            return await self._failed_update(d, e)
+        await self._call(self.client.ack_version, self.engine_id, v, "ready", seq=d.seq)
         try:
             group = (plan.group, plan.transport)
             if group != self._group:
@@ -374,21 +377,24 @@ class EngineWorker:
         except (GatewayLost, EngineDropped):
             raise
         except Exception as e:  # noqa: BLE001 - every failure is reported to the gateway
-            return await self._failed_update(v, e)
+            return await self._failed_update(d, e)
         self._failed = False
         self.stats.updates.append(stats)
         log.info("loaded version %d in %.2f s", v, time.monotonic() - t0)
-        nxt = await self._call(self.client.ack_version, self.engine_id, v, "loaded")
+        nxt = await self._call(self.client.ack_version, self.engine_id, v, "loaded", seq=d.seq)
         if nxt is not None:
             self._offer(nxt)
 
-    async def _failed_update(self, v: int, e: BaseException) -> None:
-        """Ack "failed" for version `v` with the error (`type: message`, at most 2000 chars).
+    async def _failed_update(self, failed: m.SyncDirective, e: BaseException) -> None:
+        """Ack "failed" for the directive's version with the error (`type: message`, at most
+        2000 chars), naming its plan (`seq`): the gateway ignores it if the trainer re-planned
+        the version meanwhile, so it never counts against the new plan.
 
         If the backend still holds a whole version, ack with `serving=True` and keep leasing
         for it. If it holds none, ack with `serving=False`, lease nothing until a later
         version loads, and cancel the groups in flight (their prompts go back to the queue).
         """
+        v = failed.target_version
         error = f"{type(e).__name__}: {e}"[:2000]
         held = self.backend.weight_version
         serving = held is not None
@@ -408,8 +414,9 @@ class EngineWorker:
             log.warning("version %d: not acking the broken attempt; the new plan follows", v)
             return
         await self._call(
-            self.client.ack_version, self.engine_id, v, "failed", error, serving=serving
-        )
+            self.client.ack_version, self.engine_id, v, "failed", error, serving=serving,
+            seq=failed.seq,
+        )  # fmt: skip
 
     async def _watch(self, beat: HeartbeatThread) -> None:
         failing_since: float | None = None

@@ -221,6 +221,7 @@ def gateway_argv(job: JobConfig, run_dir: Path, family: str) -> list[str]:
         "--transport", resolve_data_plane(job),
         "--backends", ",".join(job.backends),
         "--events-file", str(run_dir / "logs" / "gateway_events.jsonl"),
+        "--heartbeat-timeout", str(float(launch.engine_heartbeat_timeout_s)),
         "--max-workers", str(max(64, 8 * launch.num_engines + 16)),
         "--log-level", "WARNING",
     ]  # fmt: skip
@@ -250,6 +251,7 @@ def engine_argv(
         "--name", f"engine{index}",
         "--log-level", "WARNING",
         "--max-concurrent-prompts", str(launch.max_concurrent_prompts),
+        "--rejoin-s", str(float(launch.engine_rejoin_s)),
     ]  # fmt: skip
     if backend == "vllm":
         argv += [

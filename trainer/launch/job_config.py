@@ -151,6 +151,14 @@ class LaunchSection(_Section):
     """Seconds before an engine's first restart; doubled for each further one of it."""
     restart_backoff_max_s: float = Field(default=60.0, gt=0)
     """Cap of that wait (seconds)."""
+    engine_rejoin_s: float = Field(default=300.0, ge=0)
+    """Seconds an engine that lost the gateway (dropped after engine_heartbeat_timeout_s of
+    silence, or unreachable) keeps trying to register again (`--rejoin-s`); back, it loads the
+    current version before any lease. Past it the engine exits (status 3) and, if
+    restart_engines, the launcher restarts it. 0: it exits at once."""
+    engine_heartbeat_timeout_s: float = Field(default=30.0, gt=0)
+    """The gateway drops an engine silent for this many seconds (its leases go back to the
+    queue at once; `--heartbeat-timeout`)."""
     engine_backends: tuple[Literal["vllm", "jax"], ...] = ()
     """Backend of each engine (index i: engine i), for a run that mixes them; empty: every
     engine runs rollout.backend. Its length must equal num_engines."""

@@ -45,6 +45,10 @@ that dies during it is dropped from it and the version commits on the rest:
   wakes their heartbeat long polls), the engines see the same version on a new group and
   load it. After `max_attempts` groups, or with fewer than `min_engines`
   survivors, the push fails with `PushError`.
+- after the commit (every receiver voted), an engine that dies before it acknowledged
+  "loaded" leaves the others loaded; if fewer than `min_engines` did, the push waits for
+  engines to register (a restart, up to `ready_timeout_s`, as before the commit) and re-plans
+  the version on those that do not hold it yet.
 Engines that register during a push are left out of it; they lease nothing until they loaded
 the version current when they registered (the gateway holds them back), which they receive
 with the next push, or sooner from `start_catch_up`'s thread, which re-sends the last version
@@ -405,6 +409,7 @@ class WeightPublisher:
         t0 = time.perf_counter()
         members = self.waits.live_engines(version)
         lost: list[str] = []
+        done: tuple[str, ...] = ()  # loaded it in a committed attempt, with too few others
         for attempt in range(self.max_attempts):
             sender, plan = self._plan(members, version)
             self.client.publish_version(version, plan.to_params())
@@ -419,7 +424,9 @@ class WeightPublisher:
                 t2 = time.perf_counter()
                 # after the commit every receiver voted: a death now leaves the rest loaded
                 ids = self.waits.wait(version, "loaded", ids)
-                self.waits.check_enough(version, len(ids), "after engines left during the push")
+                if len(done) + len(ids) < self.waits.min_engines:  # wait for a restart, as
+                    done += ids  # before the commit, and re-send the version to it
+                    raise MembersLost(gone_from(members, ids), "after the commit")
             except MembersLost as e:
                 self._drop_group()  # a broken collective leaves the group out of step
                 lost += e.gone
@@ -428,19 +435,24 @@ class WeightPublisher:
                 # the engines registered now: the survivors, and any that came back (a
                 # restart) meanwhile; below min_engines this waits for them (ready_timeout_s)
                 members = tuple(
-                    x for x in self.waits.live_engines(version, lost) if x[0] not in lost
+                    x
+                    for x in self.waits.live_engines(version, lost)
+                    if x[0] not in lost and x[0] not in done
                 )
                 log.warning(
                     "push of version %d: engines %s left %s (attempt %d); re-sending it to %s",
                     version, e.gone, e.when, attempt + 1, list(ids_of(members)),
                 )  # fmt: skip
-                self.waits.check_enough(version, len(members), f"after {lost} left during the push")
+                self.waits.check_enough(
+                    version, len(done) + len(members), f"after {lost} left during the push"
+                )
                 continue
             except BaseException:
                 self._drop_group()  # a failed collective leaves the group out of step
                 raise
             t3 = time.perf_counter()
             gone_late = [e for e in ids_of(members) if e not in ids]
+            ids = tuple(sorted(done + ids))
             stats = PushStats(
                 version, plan.manifest.total_bytes, len(self._shapes), send.num_buckets, ids,
                 t1 - t0, t2 - t1, t3 - t2, t3 - t0, plan.manifest.tp_size,

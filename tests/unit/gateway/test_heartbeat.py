@@ -18,11 +18,11 @@ def test_long_poll_answers_as_soon_as_a_version_is_published(server):
     beat = server.engine.heartbeat(reg.engine_id, wait_s=3.0)
     waited = time.monotonic() - t0
     assert 0.25 < waited < 2.0, waited
-    assert beat.sync == m.SyncDirective(4, {"bucket_mb": "64"}) and beat.current_version == 4
+    assert beat.sync == m.SyncDirective(4, {"bucket_mb": "64"}, 1) and beat.current_version == 4
     t0 = time.monotonic()
     again = server.engine.heartbeat(reg.engine_id, wait_s=0.5, known_target=4)
     assert 0.45 < time.monotonic() - t0 < 2.0  # nothing newer than 4: waits the whole poll
-    assert again.sync == m.SyncDirective(4, {"bucket_mb": "64"})
+    assert again.sync == m.SyncDirective(4, {"bucket_mb": "64"}, 1)
 
 
 def test_heartbeat_thread_calls_on_sync_once_per_version_and_stops_when_dropped(server):

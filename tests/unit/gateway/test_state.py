@@ -172,6 +172,62 @@ def test_sync_directive_acks_and_wait_sync(gw):
     assert (late.current_version, late.sync.pending, late.sync.target_version) == (3, True, 3)
 
 
+def _ack(state, eid, version, phase, seq, error=""):
+    return state.ack(
+        gpb.AckRequest(
+            engine_id=eid, engine_key=_key(state, eid), version=version, phase=phase,
+            error=error, serving=phase == gpb.SYNC_PHASE_FAILED, seq=seq,
+        )
+    )  # fmt: skip
+
+
+def test_an_ack_of_an_earlier_plan_of_the_version_is_ignored(gw, caplog):
+    """An engine that registered while the plan of a dead group was current fails it (it is
+    no member); its FAILED ack lands after the trainer re-planned the version: ignored (an
+    event and a log line), never counted against the new plan; acks of the new plan count."""
+    state, _ = _state(gw)
+    state.register(gw.register(name="dead"))
+    state.publish(gpb.PublishRequest(version=1, params={"group": "1"}))
+    reborn = state.register(gw.register(name="reborn"))
+    eid = reborn.engine_id
+    assert (reborn.sync.target_version, dict(reborn.sync.params), reborn.sync.seq) == (
+        1, {"group": "1"}, 1,
+    )  # fmt: skip
+    state.publish(gpb.PublishRequest(version=1, params={"group": "2"}))  # the re-plan
+    beat = state.heartbeat(gpb.HeartbeatRequest(engine_id=eid, engine_key=_key(state, eid)))
+    assert (dict(beat.sync.params), beat.sync.seq) == ({"group": "2"}, 2)
+    error = "SyncPlanError: engine 'reborn-2' is not in the data-plane group of version 1"
+    with caplog.at_level("WARNING", logger="gateway.versions"):
+        reply = _ack(state, eid, 1, gpb.SYNC_PHASE_FAILED, seq=1, error=error)
+    assert (reply.sync.target_version, reply.sync.seq) == (1, 2)
+    (stale,) = state.events.events("stale_ack")
+    assert {k: v for k, v in stale.items() if k != "t"} == {
+        "event": "stale_ack", "engine": eid, "version": 1, "phase": "FAILED", "seq": 1,
+        "current_seq": 2,
+    }  # fmt: skip
+    assert [r.getMessage() for r in caplog.records] == [
+        f"ignored the FAILED ack of {eid} for version 1: it answers plan 1 of that version, "
+        "the current plan is 2"
+    ]
+    assert state.events.events("sync_failed") == []
+    loaded = gpb.WaitSyncRequest(version=1, phase=gpb.SYNC_PHASE_LOADED, timeout_s=0.0)
+    mine = {s.engine_id: s for s in state.wait_sync(loaded).engines}[eid]
+    assert (mine.version, mine.phase, mine.error) == (0, gpb.SYNC_PHASE_LOADED, "")
+    _ack(state, eid, 1, gpb.SYNC_PHASE_READY, seq=1)  # a stale READY is ignored too
+    ready = gpb.WaitSyncRequest(version=1, phase=gpb.SYNC_PHASE_READY, timeout_s=0.0)
+    assert {s.engine_id: s for s in state.wait_sync(ready).engines}[eid].version == 0
+    assert len(state.events.events("stale_ack")) == 2
+    _ack(state, eid, 1, gpb.SYNC_PHASE_READY, seq=2)  # the new plan's acks count
+    assert {s.engine_id: s for s in state.wait_sync(ready).engines}[eid].phase == (
+        gpb.SYNC_PHASE_READY
+    )
+    _ack(state, eid, 1, gpb.SYNC_PHASE_FAILED, seq=2, error="TransferError: boom")
+    assert [e["error"] for e in state.events.events("sync_failed")] == ["TransferError: boom"]
+    _ack(state, eid, 1, gpb.SYNC_PHASE_LOADED, seq=1)  # loaded weights are loaded, any plan
+    assert {s.engine_id: s for s in state.wait_sync(loaded).engines}[eid].version == 1
+    assert len(state.events.events("stale_ack")) == 2
+
+
 def _engine_text(state, eid):
     """The `vN (phase...)` part of the engine's line in the status text."""
     (line,) = [x for x in format_status(state.status()).splitlines() if x.startswith(f"  {eid} ")]

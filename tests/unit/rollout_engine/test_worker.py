@@ -125,6 +125,55 @@ def test_update_refused_before_loading_keeps_serving_the_old_version(gateway):
     assert run.worker.stats.prompts_released == 0
 
 
+class HeldFailedAcks(GatewayClient):
+    """The engine's client; its "failed" acks wait for `release` (a slow link)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.release = threading.Event()
+
+    def ack_version(self, engine_id, version, phase="loaded", *args, **kwargs):
+        if phase == "failed":
+            self.release.wait(10)
+        return super().ack_version(engine_id, version, phase, *args, **kwargs)
+
+
+def test_a_failure_of_a_plan_re_planned_meanwhile_is_not_counted(gateway):
+    """The engine registered while the plan of a dead group was current (it is no member of
+    it) and fails it; its FAILED ack lands after the trainer re-planned the version on a group
+    that names it: the gateway ignores it (it names the old plan's seq), the engine loads the
+    new plan and the trainer's wait ends "loaded", with no failure."""
+    server, trainer, _ = gateway
+    client = HeldFailedAcks(server.address, h.TOKENS["engine"], margin_s=5.0)
+    backend = ScriptedUpdates({1: "load"})
+    run = h.WorkerThread(client, backend, lease_wait_s=0.2)
+    try:
+        eid = run.wait_registered()
+        trainer.publish_version(1, _plan("engine0-1", 1))
+        _wait_for(lambda: run.worker.stats.failed_updates, "the stale plan to fail")
+        trainer.publish_version(1, {**_plan(eid, 1), "group": "2"})  # the re-plan
+        client.release.set()
+        assert trainer.wait_sync(1, timeout_s=10) == m.SyncResult(
+            True, (m.EngineSyncState(eid, 1, "loaded", "", True),)
+        )
+        error = (
+            f"SyncPlanError: engine {eid!r} is not in the data-plane group of version 1 "
+            "(members: ['engine0-1']); it joins at the next version"
+        )
+        assert run.worker.stats.failed_updates == [(1, error)]
+        events = server.state.events
+        stale = [(e["engine"], e["version"], e["phase"], e["seq"], e["current_seq"])
+                 for e in events.events("stale_ack")]  # fmt: skip
+        assert stale == [(eid, 1, "FAILED", 1, 2)]
+        assert events.events("sync_failed") == []
+        assert [(e["engine"], e["version"]) for e in events.events("loaded")] == [(eid, 1)]
+        trainer.shutdown()
+        assert run.join() == "shutdown"
+    finally:
+        client.release.set()
+        client.close()
+
+
 def test_update_that_broke_the_weights_stops_serving_until_one_loads(gateway):
     server, trainer, engine = gateway
     backend = ScriptedUpdates({1: "break", 2: "load"})

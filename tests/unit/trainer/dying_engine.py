@@ -1,6 +1,7 @@
 """An engine process for the elastic-push tests: the worker loop over the harness's fake
 backend, which SIGKILLs its own process on bucket `K` of version `V` (argv: gateway address,
-engine token, V, K). Prints its engine id once registered. Not a test module."""
+engine token, V, K), or with K = -1 once it loaded version `V` (the data plane committed)
+and before it acknowledges it. Prints its engine id once registered. Not a test module."""
 
 import asyncio
 import importlib.util
@@ -20,13 +21,18 @@ from gateway.client import GatewayClient  # noqa: E402
 
 
 class DyingBackend(h.FakeBackend):
-    """Dies (SIGKILL, no cleanup) when bucket `at` of version `version` arrives."""
+    """Dies (SIGKILL, no cleanup) when bucket `at` of version `version` arrives, or with
+    `at` = -1 once that version loaded (before the worker acks it "loaded")."""
 
     def __init__(self, version: int, at: int) -> None:
         super().__init__()
         self.version, self.at = version, at
 
     async def update_weights(self, manifest):
+        if manifest.version == self.version and self.at < 0:
+            stats = await super().update_weights(manifest)
+            os.kill(os.getpid(), signal.SIGKILL)
+            return stats
         if manifest.version == self.version:
             receive, seen = self._receiver.receive, [0]
 

@@ -8,6 +8,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -86,6 +87,54 @@ def test_an_engine_killed_during_the_send_is_dropped_and_the_version_commits(mod
         publisher.close()
     finally:
         dying.kill()
+        trainer.shutdown()
+        for r in runs:
+            r.join()
+        trainer.close()
+        engine.close()
+        server.stop(0)
+
+
+def test_the_only_engine_dying_after_the_commit_waits_for_its_restart(model):
+    """The only engine loads version 1 (the data plane committed) and dies before acking it:
+    the push waits for its restart (within `ready_timeout_s`, as before the commit) and
+    re-plans the version on the restarted engine, which loads it exactly."""
+    path, cfg, decoder = model
+    server, trainer, engine = h.start_gateway(heartbeat_timeout_s=60.0, max_wait_s=20.0)
+    env = {**os.environ, "PYTHONPATH": str(_here.parents[2])}
+    argv = [sys.executable, str(_here / "dying_engine.py"), server.address, h.TOKENS["engine"]]
+    dying = subprocess.Popen([*argv, "1", "-1"], stdout=subprocess.PIPE, text=True, env=env)
+    reborn = h.FakeBackend()
+    runs: list = []
+
+    def restart() -> None:  # as the launcher: a new engine process once the old one died
+        dying.wait(60)
+        runs.append(h.WorkerThread(engine, reborn, lease_wait_s=0.2))
+
+    restarter = threading.Thread(target=restart, daemon=True)
+    try:
+        doomed = dying.stdout.readline().strip()
+        transport = GlooTransportConfig(port=0, timeout_s=30, bucket_bytes=BUCKET)
+        publisher = WeightPublisher(trainer, transport, "llama", cfg, "float32", ready_timeout_s=30)
+        restarter.start()
+        stats = publisher.push(decoder, version=1)
+        assert dying.wait(10) == -9  # it died of its own SIGKILL after loading version 1
+        (run,) = runs
+        new_id = run.wait_registered()
+        assert (stats.version, stats.engines, stats.dropped) == (1, (new_id,), (doomed,))
+        assert stats.attempts == 2
+        reference = load_file(str(path / "model.safetensors"))
+        assert reborn.weight_version == 1
+        assert all(torch.equal(reborn.received[n], t.float()) for n, t in reference.items())
+        events = server.state.events
+        assert [e["engine"] for e in events.events("dropped")] == [doomed]
+        published = [(e["version"], e["replan"]) for e in events.events("published")]
+        assert published == [(1, False), (1, True)]
+        assert [(e["engine"], e["version"]) for e in events.events("loaded")] == [(new_id, 1)]
+        publisher.close()
+    finally:
+        dying.kill()
+        restarter.join(60)
         trainer.shutdown()
         for r in runs:
             r.join()

@@ -99,6 +99,28 @@ def test_gateway_argv(tmp_path):
     assert argv[argv.index("--backends") + 1] == "jax"
 
 
+def test_engines_rejoin_and_the_gateway_drops_after_the_launch_settings(tmp_path):
+    """launch.engine_rejoin_s reaches every engine (`--rejoin-s`, and parses back into its
+    worker config), launch.engine_heartbeat_timeout_s the gateway (`--heartbeat-timeout`)."""
+    from rollout_engine.cli import parse
+
+    def value(argv, flag):
+        return argv[argv.index(flag) + 1]
+
+    job = _job("launch.engine_rejoin_s=45", "launch.engine_heartbeat_timeout_s=4")
+    for backend in ("jax", "vllm"):
+        argv = engine_argv(
+            _job(f"rollout.backend={backend}"), 0, "h:1", tmp_path / "t", tmp_path, 96
+        )
+        assert value(argv, "--rejoin-s") == "300.0"
+    argv = engine_argv(job, 0, "h:1", tmp_path / "t", tmp_path, 96)
+    assert value(argv, "--rejoin-s") == "45.0"
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    assert parse(argv[argv.index("--backend") :]).worker.rejoin_s == 45.0
+    assert value(gateway_argv(_job(), tmp_path, "llama"), "--heartbeat-timeout") == "30.0"
+    assert value(gateway_argv(job, tmp_path, "llama"), "--heartbeat-timeout") == "4.0"
+
+
 def test_cpu_vllm_tp_ranks_get_their_own_cores():
     assert tp_bind("0-3", 2) == "0-1|2-3"
     assert tp_bind("4-7", 4) == "4-4|5-5|6-6|7-7"
