@@ -221,6 +221,9 @@ async def serve(cfg: EngineProcessConfig, max_rejoins: int = 10) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
+    from gateway.lifeline import hold_to_launcher
+
+    hold_to_launcher()  # a launcher that started this engine takes it along when it dies
     cfg = parse(argv)
     logging.basicConfig(
         level=cfg.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"

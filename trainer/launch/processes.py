@@ -1,7 +1,10 @@
 """Child processes of the launcher, each in its own process group, stopped with no orphans.
 
 `ProcessSet.start` runs a command in a new session (its own process group), its stdout and
-stderr appended to a log file. `ProcessSet.stop_all` sends SIGTERM to every group, waits up to
+stderr appended to a log file. No child outlives the launcher, whatever kills it: each gets
+the launcher's pid in ``JAXRL_LAUNCHER_PID`` and, when started from the main thread,
+PR_SET_PDEATHSIG=SIGTERM; the entry points hold to it (`gateway.lifeline`).
+`ProcessSet.stop_all` sends SIGTERM to every group, waits up to
 `timeout_s`, then SIGKILLs the groups still alive, so a child's own children (vLLM's engine core
 and workers) go too. It is idempotent and runs from `__exit__`, so an exception or Ctrl-C in
 the launcher stops every child. `live_sets` lists the sets of this process (for
@@ -24,6 +27,8 @@ import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
+
+from gateway.lifeline import LAUNCHER_PID_ENV, death_signal_preexec
 
 log = logging.getLogger(__name__)
 
@@ -95,13 +100,18 @@ class ProcessSet:
     ) -> Child:
         path = self.log_dir / f"{name}.log"
         log_file = path.open("ab")
+        me = os.getpid()
+        # PDEATHSIG follows the spawning thread: only the main thread's children get it (a
+        # supervisor thread ends before the launcher); the child's lifeline covers the rest
+        main = threading.current_thread() is threading.main_thread()
         proc = subprocess.Popen(
             list(argv),
-            env=env,
+            env={**env, LAUNCHER_PID_ENV: str(me)},
             stdin=subprocess.DEVNULL,
             stdout=None if inherit else log_file,
             stderr=None if inherit else subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=death_signal_preexec(me) if main else None,
         )
         log.info("started %s (pid %d), log %s", name, proc.pid, path)
         return Child(name, proc, path, log_file, argv, env)

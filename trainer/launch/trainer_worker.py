@@ -61,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one trainer process (see the module docstring); returns the exit status."""
+    from gateway.lifeline import hold_to_launcher
+
+    hold_to_launcher()  # the launcher takes its trainer processes along when it dies
     args = _parser().parse_args(argv)
     from trainer.config import ConfigError
     from trainer.launch.job_config import load_job_config
