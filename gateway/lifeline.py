@@ -1,24 +1,25 @@
 """A child's tie to the launcher that started it: the child ends when the launcher dies,
 whatever killed the launcher (SIGKILL included).
 
-Two halves, both Linux-only (elsewhere they do nothing):
-- the launcher's side, `death_signal_preexec(launcher_pid)`: a `preexec_fn` for `Popen` that
-  sets ``PR_SET_PDEATHSIG`` to SIGTERM in the child between fork and exec (so the kernel sends
-  SIGTERM the moment the launcher's spawning thread dies; ``exec`` keeps it, ``taskset``
-  execs, so it reaches the program) and exits the child at once when the launcher already
-  died before that point;
-- the child's side, `hold_to_launcher()`, which each entry point the launcher starts calls
-  first (``python -m gateway serve``, ``python -m rollout_engine``, the trainer worker). It
-  reads `LAUNCHER_PID_ENV` (set by the launcher) and, from a daemon thread, waits on a pidfd
-  of that process (no pid reuse race: the pidfd names that very process); once the launcher is
-  gone it waits `grace_s` seconds for the graceful stop SIGTERM started, then SIGKILLs its
-  process group when that group is the session the launcher started it in (the child, a
-  wrapper, and what they started, such as vLLM's engine core), else itself. This also covers
-  the cases PDEATHSIG cannot: a wrapper process between launcher and child (PDEATHSIG then
-  ties the child to the wrapper), a child started from a thread of the launcher that ends
-  before the launcher does (PDEATHSIG follows the thread), a set-user-ID wrapper (it clears
-  PDEATHSIG).
+The launcher (`trainer.launch.processes`) starts each child in its own session with the
+environment variable `LAUNCHER_PID_ENV` (its pid) and, for a child started from its main
+thread, `PDEATHSIG_ENV`. Each entry point the launcher starts calls `hold_to_launcher()` first
+(``python -m gateway serve``, ``python -m rollout_engine``, the trainer worker), which:
+- sets ``PR_SET_PDEATHSIG`` to SIGTERM when `PDEATHSIG_ENV` is set and its parent is still
+  the launcher, so the kernel sends SIGTERM the moment the launcher dies (PDEATHSIG follows
+  the thread that forked the child: a child of a launcher thread that ends earlier, as the
+  engine supervisor's restarts, does not get it). It is set here, not in a ``preexec_fn``:
+  Python code between fork and exec in the launcher, whose gRPC threads run, crashed the
+  children (SIGSEGV, measured);
+- from a daemon thread, waits on a pidfd of the launcher (no pid reuse race: the pidfd names
+  that very process; a launcher already gone is acted on at once); once the launcher is gone
+  it sends itself SIGTERM where PDEATHSIG did not, waits `grace_s` seconds for the graceful
+  stop SIGTERM started, then SIGKILLs its process group when that group is the session the
+  launcher started it in (the child, a wrapper, and what they started, such as vLLM's engine
+  core), else itself. This also covers a wrapper process between launcher and child (which
+  PDEATHSIG would tie the child to) and a set-user-ID wrapper (which clears PDEATHSIG).
 
+Linux only (elsewhere `hold_to_launcher` watches nothing).
 This module imports only the standard library (the gateway's start-up stays fast).
 """
 
@@ -40,10 +41,11 @@ log = logging.getLogger(__name__)
 
 #: Environment variable holding the pid of the launcher a child must not outlive.
 LAUNCHER_PID_ENV = "JAXRL_LAUNCHER_PID"
+#: Set (to "1") by the launcher when the child may take SIGTERM as its parent-death signal.
+PDEATHSIG_ENV = "JAXRL_LAUNCHER_PDEATHSIG"
 #: Seconds a child whose launcher died has to stop by itself before it SIGKILLs its group.
 GRACE_S = 5.0
 _PR_SET_PDEATHSIG = 1
-_PR_GET_PDEATHSIG = 2
 
 
 def _prctl() -> Callable[..., int] | None:
@@ -55,26 +57,6 @@ def _prctl() -> Callable[..., int] | None:
         return ctypes.CDLL(name, use_errno=True).prctl  # type: ignore[no-any-return]
     except (OSError, AttributeError):
         return None
-
-
-def death_signal_preexec(
-    launcher_pid: int, sig: signal.Signals = signal.SIGTERM
-) -> Callable[[], None] | None:
-    """A `Popen(preexec_fn=...)` that makes the child receive `sig` when the launcher's
-    spawning thread dies (``PR_SET_PDEATHSIG``) and exits the child with status 1 when the
-    launcher `launcher_pid` already died after the fork. Returns None where prctl is missing.
-    libc is resolved here, in the launcher, so the child runs no loader code after the fork."""
-    prctl = _prctl()
-    if prctl is None:
-        return None
-    signum = int(sig)
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
-        if os.getppid() != launcher_pid:  # the launcher died between fork and prctl
-            os._exit(1)
-
-    return preexec
 
 
 def hold_to_launcher(grace_s: float = GRACE_S) -> threading.Thread | None:
@@ -93,8 +75,12 @@ def hold_to_launcher(grace_s: float = GRACE_S) -> threading.Thread | None:
     if not raw.isdigit() or int(raw) <= 0:
         return None
     pid = int(raw)
-    # the kernel sends SIGTERM itself when the launcher is the parent and set PDEATHSIG
-    kernel_sends = os.getppid() == pid and _death_signal() != 0
+    kernel_sends = False  # the kernel sends SIGTERM itself when the launcher dies
+    prctl = _prctl()
+    if os.environ.get(PDEATHSIG_ENV) == "1" and os.getppid() == pid and prctl is not None:
+        kernel_sends = prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) == 0
+        if os.getppid() != pid:  # the launcher died before that: the kernel sends nothing
+            kernel_sends = False
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
@@ -107,17 +93,6 @@ def hold_to_launcher(grace_s: float = GRACE_S) -> threading.Thread | None:
     )
     thread.start()
     return thread
-
-
-def _death_signal() -> int:
-    """This process's PDEATHSIG (0: none, or unknown)."""
-    prctl = _prctl()
-    if prctl is None:
-        return 0
-    out = ctypes.c_int(0)
-    if prctl(_PR_GET_PDEATHSIG, ctypes.byref(out), 0, 0, 0) != 0:
-        return 0
-    return int(out.value)
 
 
 def _watch(pid: int, fd: int, grace_s: float, send_term: bool) -> None:
