@@ -153,4 +153,5 @@ def _check_map(value, path: str, rule: _Rule) -> None:
                 raise _over(f"{path} value", rule.item_limit, "characters", len(item))
             total += len(item)
     if rule.total_limit and total > rule.total_limit:
-        raise _over(f"{path} (keys and values)", rule.total_limit, "characters", total)
+        where = f"{path} (keys and values, the gateway's max_param_bytes)"
+        raise _over(where, rule.total_limit, "characters", total)

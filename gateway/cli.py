@@ -143,8 +143,10 @@ def _config(args: argparse.Namespace) -> GatewayConfig:
 
 def _serve(args: argparse.Namespace) -> int:
     from gateway.auth import load_tokens
+    from gateway.lifeline import hold_to_launcher
     from gateway.server import GatewayServer
 
+    hold_to_launcher()  # a launcher that started this gateway takes it along when it dies
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
     config = _config(args)
     server = GatewayServer(

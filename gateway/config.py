@@ -24,6 +24,8 @@ class RunSettings:
     backends: tuple[str, ...] = ()
 
 
+#: Most characters in PublishVersion's params when `max_param_bytes` is 0 (4 MiB).
+DEFAULT_PARAM_BYTES = 4 << 20
 _AT_LEAST_ONE = (
     "max_pending_prompts",
     "rollout_capacity",
@@ -82,7 +84,10 @@ class GatewayConfig:
         max_param_entries: most entries in PublishVersion's params (>= 1).
         max_param_bytes: most characters in PublishVersion's params, keys and values
             together (at most a quarter of `max_message_bytes`: they ride in every directive);
-            0: a quarter of `max_message_bytes`.
+            0: `DEFAULT_PARAM_BYTES` (4 MiB) or a quarter of `max_message_bytes` if smaller.
+            The sync plan's manifest is most of it, about 100 characters per tensor (more
+            with several senders): 4 MiB holds tens of thousands of tensors; raise it for
+            more.
         max_engines: most engines registered at once; beyond it RegisterEngine answers
             RESOURCE_EXHAUSTED (>= 1).
         max_concurrent_rpcs: calls in progress at once, and the server's thread count: an
@@ -179,7 +184,7 @@ class GatewayConfig:
     @property
     def param_bytes_limit(self) -> int:
         """Most characters in PublishVersion's params (see `max_param_bytes`)."""
-        return self.max_param_bytes or self.max_message_bytes // 4
+        return self.max_param_bytes or min(DEFAULT_PARAM_BYTES, self.max_message_bytes // 4)
 
     @property
     def long_poll_limit(self) -> int:

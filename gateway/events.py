@@ -6,6 +6,7 @@ Each event is one JSON object: ``{"t": wall-clock seconds (time.time()), "event"
 | event | fields |
 | --- | --- |
 | `registered` | `engine`, `weight_version` (the engine's), `current` (the gateway's version) |
+| `deregistered` | `engine`, `by` (the caller's role: `engine` left, or `trainer` dropped it) |
 | `dropped` | `engine`, `reason` (why: deregistered, missed heartbeats, stream broke) |
 | `leases_requeued` | `engine`, `leases`, `prompts` (prompts sent back to the queue) |
 | `leased` | `engine`, `lease`, `prompts`, `weight_version` (the engine's), `current` |

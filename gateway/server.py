@@ -12,9 +12,9 @@ import grpc
 from gateway.auth import Authenticator
 from gateway.config import GatewayConfig
 from gateway.events import EventLog
+from gateway.handlers import add_to_server
 from gateway.servicer import GatewayServicer
 from gateway.state import GatewayState
-from protos import gateway_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class GatewayServer:
             ],
         )
         servicer = GatewayServicer(self.state, Authenticator(tokens), self._stop_soon)
-        gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, self._server)
+        add_to_server(servicer, self._server)  # unparsable requests: INVALID_ARGUMENT
         target = f"{host}:{port}"
         if cert_file is not None and key_file is not None:
             creds = grpc.ssl_server_credentials(

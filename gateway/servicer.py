@@ -1,7 +1,8 @@
 """The gRPC servicer: authenticates each call, runs it on `GatewayState`, maps errors.
 
-Each call is checked in this order: the token (UNAUTHENTICATED, PERMISSION_DENIED), the size
-of every field (`gateway.bounds`, INVALID_ARGUMENT), then the state method. A `GatewayError`
+Each call is checked in this order: the token (UNAUTHENTICATED, PERMISSION_DENIED), that its
+bytes parsed (`gateway.handlers.Unparsed`, INVALID_ARGUMENT), the size of every field
+(`gateway.bounds`, INVALID_ARGUMENT), then the state method. A `GatewayError`
 becomes a gRPC status with its code and message; any other exception becomes INTERNAL with
 its type. Every message is cut to `gateway.errors.MAX_MESSAGE_CHARS`; the server keeps
 serving.
@@ -24,7 +25,8 @@ import grpc
 
 from gateway.auth import ENGINE, TRAINER, Authenticator
 from gateway.bounds import RequestBounds
-from gateway.errors import GatewayError, clip, shown
+from gateway.errors import GatewayError, clip, invalid, shown
+from gateway.handlers import Unparsed
 from gateway.state import GatewayState
 from protos import gateway_pb2 as gpb
 from protos import gateway_pb2_grpc
@@ -39,7 +41,8 @@ _ROUTES: dict[str, tuple[tuple[str, ...], Callable]] = {
     "LeasePrompts": ((ENGINE,), GatewayState.lease),
     "ReturnRollouts": ((ENGINE,), GatewayState.return_rollouts),
     "AckVersion": ((ENGINE,), GatewayState.ack),
-    # an engine leaves (its key); the trainer drops one whose process it saw exit (no key)
+    # an engine leaves (its key); the trainer drops any engine, without its key (intended:
+    # the launcher drops one whose process exited; logged as `deregistered` by "trainer")
     "Deregister": ((ENGINE, TRAINER), GatewayState.deregister),
     "SubmitPrompts": ((TRAINER,), GatewayState.submit),
     "FetchRollouts": ((TRAINER,), GatewayState.fetch),
@@ -77,6 +80,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         roles, fn = _ROUTES[name]
         try:
             role = self._auth.check(context.invocation_metadata(), name, roles)
+            if isinstance(request, Unparsed):
+                raise invalid(request.message)
             self._bounds.check(request)
             if name == "Deregister":
                 return self.state.deregister(request, by_trainer=role == TRAINER)
@@ -116,6 +121,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         """[trainer] Stop taking work, answer, then stop the server."""
         try:
             self._auth.check(context.invocation_metadata(), "Shutdown", (TRAINER,))
+            if isinstance(request, Unparsed):
+                raise invalid(request.message)
             self._bounds.check(request)
         except GatewayError as e:
             self.state.count_rejected()

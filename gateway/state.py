@@ -401,12 +401,16 @@ class GatewayState:
     def deregister(
         self, req: gpb.DeregisterRequest, by_trainer: bool = False
     ) -> gpb.DeregisterReply:
-        """Remove an engine; its leased prompts go back to the front of the queue.
+        """Remove an engine; its leased prompts go back to the front of the queue. Logs a
+        `deregistered` event naming the caller's role (``by``: "trainer" or "engine") before
+        `dropped`.
 
         Args:
-            by_trainer: the call came with the trainer's token: the run's owner drops an
-                engine whose process it saw exit (the launcher's supervisor), without the
-                engine's key; else the engine leaves and its key must match.
+            by_trainer: the call came with the trainer's token. Intended: the run's owner
+                drops any engine without that engine's key (the launcher's supervisor drops
+                one whose process it saw exit, so its leases go back at once); the trainer
+                token already controls the whole run (it publishes weights and shuts the
+                gateway down). Else the engine leaves and its key must match.
 
         Raises:
             GatewayError: NOT_FOUND (no such engine: never registered, or already dropped),
@@ -423,6 +427,8 @@ class GatewayState:
             else:
                 engine = self._engine(req.engine_id, req.engine_key)
                 reason = f"engine {engine.engine_id!r} deregistered"
+            by = "trainer" if by_trainer else "engine"
+            self.events.emit("deregistered", engine=engine.engine_id, by=by)
             n = self._drop_engine(engine, reason)
             self._cv.notify_all()
             return gpb.DeregisterReply(returned_prompts=n)

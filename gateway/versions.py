@@ -21,6 +21,10 @@ from protos import gateway_pb2 as gpb
 
 log = logging.getLogger(__name__)
 
+#: Largest weight version a trainer may publish (2^31 - 1): one version per step never gets
+#: near it, and a version near int64's top (2^63 - 1) would leave no room to increase.
+MAX_VERSION = (1 << 31) - 1
+
 
 @dataclasses.dataclass
 class Engine:
@@ -105,8 +109,14 @@ class Versions:
 
         Raises:
             GatewayError: INVALID_ARGUMENT for a version below the current one, or the
-                current one with the same params (versions only increase).
+                current one with the same params (versions only increase), or above
+                `MAX_VERSION`.
         """
+        if req.version > MAX_VERSION:
+            raise invalid(
+                f"version: expected at most {MAX_VERSION} (the gateway's MAX_VERSION: versions "
+                f"only increase, so a larger one would leave no room), got {req.version}"
+            )
         params = dict(req.params)
         replan = req.version == self.current
         if req.version < self.current or (replan and (req.version == 0 or params == self.params)):

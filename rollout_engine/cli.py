@@ -174,6 +174,7 @@ async def serve(cfg: EngineProcessConfig) -> str:
         GatewayError: the precheck or the registration failed (a dead gateway, a refused
             token, a run this engine cannot serve); raised before the backend starts when the
             precheck finds it.
+        ModelUnsupported: the backend cannot run the checkpoint (before it starts).
     """
     from gateway.client import GatewayClient
     from rollout_engine.precheck import precheck
@@ -188,6 +189,14 @@ async def serve(cfg: EngineProcessConfig) -> str:
     except BaseException:
         client.close()
         raise
+    if cfg.backend == "vllm":  # a model vLLM cannot run: refused before it starts
+        from rollout_engine.vllm.limits import check_model
+
+        try:
+            check_model(cfg.model)
+        except BaseException:
+            client.close()
+            raise
     log.info("gateway %s answered (run %s); starting the %s backend", cfg.gateway, found,
              cfg.backend)  # fmt: skip
     backend = make_backend(cfg)
@@ -201,15 +210,19 @@ async def serve(cfg: EngineProcessConfig) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
+    from gateway.lifeline import hold_to_launcher
+
+    hold_to_launcher()  # a launcher that started this engine takes it along when it dies
     cfg = parse(argv)
     logging.basicConfig(
         level=cfg.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
     from gateway.errors import GatewayError
+    from rollout_engine.precheck import ModelUnsupported
 
     try:
         reason = asyncio.run(serve(cfg))
-    except GatewayError as e:
+    except (GatewayError, ModelUnsupported) as e:
         log.error("%s", e)
         return 1
     log.info("engine stopped: %s", reason)

@@ -6,7 +6,9 @@ one this engine can serve.
 holds the engine's spec against the run's settings with the gateway's own rule
 (`gateway.negotiate.negotiate`), so a wrong token, a dead gateway or a wrong family, dtype,
 backend or transport is reported in seconds. A run not configured yet passes: registration,
-after the backend started, waits for it (`WorkerConfig.register_wait_s`).
+after the backend started, waits for it (`WorkerConfig.register_wait_s`). A checkpoint the
+backend cannot run is refused next, before the backend starts (`ModelUnsupported`, raised by
+the backend's own check: `rollout_engine.vllm.limits.check_model`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,12 @@ from gateway.errors import (
     GatewayError,
 )
 from gateway.negotiate import negotiate
+
+
+class ModelUnsupported(ValueError):
+    """The backend cannot run this checkpoint (e.g. a head size vLLM's CPU attention lacks,
+    `rollout_engine.vllm.limits`): refused before the backend starts and before the engine
+    registers; the message names the limit."""
 
 
 class TokenRefused(GatewayError):

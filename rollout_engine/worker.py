@@ -39,7 +39,10 @@ it acks "failed" with `serving=False`: the groups in flight are cancelled and th
 released to other engines, and the gateway refuses this engine's leases until it acks
 "loaded". Either way a directive for a later version is attempted as usual. A prompt the
 backend refuses (too long, sampling it cannot do) is returned as G empty "abort" completions
-rather than released, so it cannot circle through the queue forever.
+rather than released, so it cannot circle through the queue forever. A backend whose
+inference core died (`rollout_engine.dead_core`: vLLM's EngineDeadError) ends the run with
+"backend dead": the worker leases nothing more, releases what it holds, deregisters, and the
+engine process exits non-zero (the launcher restarts it within its bound).
 
 Every wait is bounded: lease polls by `lease_wait_s`, the data-plane join and the update by
 `connect_timeout_s` and `update_timeout_s`, unreachable-gateway retries by `gateway_retry_s`,
@@ -67,6 +70,7 @@ from rollout_engine.backend import (
 )
 from rollout_engine.calls import EngineDropped, GatewayCaller, GatewayLost
 from rollout_engine.config import WorkerConfig
+from rollout_engine.dead_core import is_dead_core
 from rollout_engine.episode import EpisodeRunner
 from transport.sync_plan import SyncPlan, SyncPlanError
 
@@ -75,6 +79,8 @@ log = logging.getLogger(__name__)
 # Why `run()` returned: the gateway shut down; `request_stop` (SIGTERM); the gateway stayed
 # unreachable; the gateway dropped the engine; the gateway kept refusing calls.
 SHUTDOWN, STOPPED, LOST, DROPPED, ERROR = "shutdown", "stopped", "lost", "dropped", "error"
+#: The backend's inference core died (`rollout_engine.dead_core`): the worker stops leasing.
+BACKEND_DEAD = "backend dead"
 # At a gateway shutdown, how long a return call already in flight may finish (seconds): the
 # gateway may have taken its groups, and `WorkerStats.groups_returned` counts them only then.
 SHUTDOWN_RETURN_S = 1.0
@@ -130,6 +136,7 @@ class EngineWorker:
         self._failed = False
         self._group: tuple | None = None  # (generation, transport) of the group joined
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.backend_error = ""  # why the backend died, with BACKEND_DEAD
 
     # ----- public -----
     def request_stop(self, reason: str = STOPPED) -> None:
@@ -144,8 +151,8 @@ class EngineWorker:
         return not (self._syncing or self._failed or self._stop.is_set())
 
     async def run(self) -> str:
-        """Serve until a stop; returns why: "shutdown", "stopped", "lost", "dropped" or
-        "error" (see the constants above).
+        """Serve until a stop; returns why: "shutdown", "stopped", "lost", "dropped",
+        "error" or "backend dead" (see the constants above; `backend_error` then says why).
 
         Raises:
             RegistrationRefused: the gateway refused the engine (reason inside).
@@ -293,8 +300,18 @@ class EngineWorker:
         except Exception as e:  # noqa: BLE001 - any backend failure: another engine takes it
             log.error("prompt %s failed (%r); releasing it", prompt.sample_id, e)
             self._out.put_nowait((lease_id, None, prompt.sample_id))
+            if is_dead_core(e):
+                self._backend_died(e)
             return
         self._out.put_nowait((lease_id, group, prompt.sample_id))
+
+    def _backend_died(self, e: BaseException) -> None:
+        """The backend's core is gone: lease nothing more, stop (release, deregister)."""
+        if not self._stop.is_set():
+            self.backend_error = f"{type(e).__name__}: {e}"[:2000]
+            log.error("the backend's inference core is dead (%s): this engine stops leasing, "
+                      "releases its prompts and deregisters", self.backend_error)  # fmt: skip
+        self._end(BACKEND_DEAD)
 
     async def _returner(self) -> None:
         """Returns what finished until it takes the `None` sentinel (queued at teardown)."""
@@ -377,7 +394,10 @@ class EngineWorker:
         except (GatewayLost, EngineDropped):
             raise
         except Exception as e:  # noqa: BLE001 - every failure is reported to the gateway
-            return await self._failed_update(d, e)
+            await self._failed_update(d, e)
+            if is_dead_core(e):
+                self._backend_died(e)
+            return
         self._failed = False
         self.stats.updates.append(stats)
         log.info("loaded version %d in %.2f s", v, time.monotonic() - t0)
@@ -445,7 +465,7 @@ class EngineWorker:
         for t in (lease_loop, sync_loop, watch):
             t.cancel()
         # a gateway the heartbeat cannot reach now is not waited for (it is gone or hung)
-        reachable = self._reason == STOPPED and beat.error is None
+        reachable = self._reason in (STOPPED, BACKEND_DEAD) and beat.error is None
         if reachable and self._inflight:
             drain = min(self.cfg.drain_s, end - time.monotonic() - 1.0)
             if drain > 0:

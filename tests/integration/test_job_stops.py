@@ -4,6 +4,7 @@
   cleanly, status 0, none SIGKILLed), and no process of the run is left.
 - A trainer that joined a gateway (`launch.gateway`) leaves it and its engine serving when it
   fails and when it finishes; with `launch.stop_joined=true` even a failing one shuts them down.
+- A launcher SIGKILLed mid-run takes its gateway and engine (and their children) along.
 - A checkpoint that lacks a tensor, and a data file that does not exist, fail before any
   process starts (no log of a child in the run folder).
 
@@ -18,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +28,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from gateway.client import GatewayClient
-from tests.integration.smoke_job import child_env
+from tests.integration.smoke_job import child_env, smoke_command
 from trainer.launch.job import run_job
 from trainer.launch.job_config import load_job_config
 from trainer.launch.stack import wait_for_engines
@@ -181,3 +183,47 @@ def test_missing_tensor_and_missing_data_fail_before_any_process_starts(
     with pytest.raises(FileNotFoundError, match="GSM8K file not found"):
         run_job(_job(tmp_path, model, "data.source=gsm8k", f"data.path={tmp_path / 'no.jsonl'}"))
     assert not (tmp_path / "run" / "logs").exists()
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_launcher_ends_every_child(tmp_path):
+    """Issue 25 item 1: the smoke job (JAX engine) SIGKILLed after its first step (no Python
+    code runs in the launcher, no `stop_all`): its gateway and engine (each in its own session)
+    and anything they started are gone within 60 s (PDEATHSIG and `gateway.lifeline`)."""
+    run_dir = tmp_path / "run"
+    job = subprocess.Popen(
+        smoke_command(run_dir, "rollout.backend=jax", "trainer.steps=1000", "eval.size=0"),
+        cwd=REPO, env=child_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        metrics = run_dir / "metrics.jsonl"
+        waits.wait_for(lambda: metrics.exists() and metrics.read_text(), [job], "the 1st step")
+        started = psutil.Process(job.pid).children(recursive=True)
+        names = sorted(" ".join(p.cmdline()[1:4]) for p in started if p.ppid() == job.pid)
+        assert names == ["-m gateway serve", "-m rollout_engine --backend"]
+        job.send_signal(signal.SIGKILL)
+        job.wait()
+        deadline = time.monotonic() + 60  # a bound on the wait, not a measured figure
+        while _live(started) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    left = _live(started)
+    for p in left:
+        p.kill()
+    assert [p.pid for p in left] == []
+
+
+def _live(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """The processes of `procs` still running (zombies count as gone)."""
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return out

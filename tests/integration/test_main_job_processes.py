@@ -148,8 +148,11 @@ def test_two_trainer_processes_complete_the_job_and_serve_its_weights(
 def test_sigkill_of_trainer_process_1_stops_the_job(tmp_path):
     """SIGKILL trainer process 1 after 2 steps: the job exits non-zero within 60 s, its
     stderr names the lost process ("trainer process 1 ... was lost: killed by SIGKILL"),
-    job_summary.json holds the error, and no process of the run (gateway, engine, trainer
-    process 0, the launcher) is left."""
+    job_summary.json holds the error, every child ended on the launcher's SIGTERM by itself
+    (logs/stopped.json: none SIGKILLed after launch.stop_timeout_s; trainer process 0 with
+    143 at once, not 130 after the interrupt watcher's grace, though the gateway it calls and
+    its peer are gone), and no process of the run
+    (gateway, engine, trainer process 0, the launcher) is left."""
     run_dir = tmp_path / "run"
     job = _start_long_job(run_dir, tmp_path)
     try:
@@ -177,6 +180,12 @@ def test_sigkill_of_trainer_process_1_stops_the_job(tmp_path):
     ), err[-4000:]
     summary = json.loads((run_dir / "job_summary.json").read_text())
     assert "trainer process 1" in json.dumps(summary)
+    # issue 25 item 3: process 0 ended on the launcher's SIGTERM by itself (it was not left
+    # retrying the stopped gateway until the launcher's SIGKILL after launch.stop_timeout_s)
+    stopped = json.loads((run_dir / "logs" / "stopped.json").read_text())
+    assert stopped["sigkilled_after_timeout"] == [], err[-4000:]
+    assert stopped["exit_codes"]["trainer0"] == 143, (stopped, err[-4000:])  # not 130: no grace
+    assert "SIGTERM from the launcher: this trainer process stops at once" in err
     time.sleep(1.0)
     assert [p.pid for p in started if p.is_running() and p.status() != "zombie"] == []
     assert _of_run(run_dir) == []

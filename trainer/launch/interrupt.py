@@ -14,6 +14,13 @@ woken through `signal.set_wakeup_fd` (written by the C-level handler at once), t
 the main thread `grace_s` seconds after each signal that asks for a prompt stop to begin
 stopping its children; if no `ProcessSet` began by then, the watcher stops every one itself,
 runs the `at_forced_exit` callbacks (the job summary) and ends the process with status 130.
+
+A trainer process under a launcher installs with `term_now` (`trainer.launch.trainer_worker`):
+its launcher passes a user's stop on as SIGINT and sends SIGTERM only when it stops every
+process of the job (a lost peer, a failure), when finishing the step is impossible (the
+gateway stopped, a peer's collectives are gone). Then SIGTERM ends the process at once with
+status 143, from the watcher thread, even while the main thread waits in a gateway call or a
+collective.
 """
 
 from __future__ import annotations
@@ -29,11 +36,13 @@ from collections.abc import Callable, Iterator
 from trainer.launch.processes import live_sets
 
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 128 + signal.SIGTERM
 
 _lock = threading.Lock()
 _graceful_depth = 0
 _requested: str | None = None
 _exit_code = 0
+_term_now = False
 _forced_exit_hooks: list[Callable[[], None]] = []
 
 
@@ -75,8 +84,16 @@ def _wants_graceful() -> bool:
     return _graceful_depth > 0 and _requested is None
 
 
+def _stop_now() -> None:
+    sys.stderr.write("\nSIGTERM from the launcher: this trainer process stops at once\n")
+    sys.stderr.flush()
+    os._exit(EXIT_TERMINATED)
+
+
 def _handler(signum: int, frame: object) -> None:
     global _requested, _exit_code
+    if _term_now and signum == signal.SIGTERM:
+        _stop_now()
     name = signal.Signals(signum).name
     if _wants_graceful():
         _requested, _exit_code = f"interrupted ({name})", 128 + signum
@@ -92,7 +109,9 @@ def _handler(signum: int, frame: object) -> None:
 def _watch(read_fd: int, grace_s: float) -> None:
     graceful_seen = False
     while True:
-        os.read(read_fd, 1)  # blocks until a signal
+        got = os.read(read_fd, 1)  # blocks until a signal (its number, one byte)
+        if _term_now and got and got[0] == signal.SIGTERM:
+            _stop_now()  # the main thread may sit in a call that never returns
         if _graceful_depth > 0 and not graceful_seen:
             graceful_seen = True  # the first one inside graceful(): the loop stops by itself
             continue
@@ -112,15 +131,17 @@ def _watch(read_fd: int, grace_s: float) -> None:
     os._exit(EXIT_INTERRUPTED)
 
 
-def install(grace_s: float = 10.0) -> None:
+def install(grace_s: float = 10.0, term_now: bool = False) -> None:
     """Route SIGINT and SIGTERM as described in the module docstring (call from the main
-    thread, once).
+    thread, once); with `term_now` SIGTERM ends the process at once (status 143).
 
     Raises:
       ValueError: `grace_s` <= 0, or not called from the main thread (from `signal`).
     """
     if grace_s <= 0:
         raise ValueError(f"grace_s must be > 0; got {grace_s}")
+    global _term_now
+    _term_now = term_now
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
     signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)

@@ -1,7 +1,10 @@
 """Child processes of the launcher, each in its own process group, stopped with no orphans.
 
 `ProcessSet.start` runs a command in a new session (its own process group), its stdout and
-stderr appended to a log file. `ProcessSet.stop_all` sends SIGTERM to every group, waits up to
+stderr appended to a log file. No child outlives the launcher, whatever kills it: each gets
+the launcher's pid in ``JAXRL_LAUNCHER_PID`` (and, started from the main thread, leave to
+take SIGTERM as its PR_SET_PDEATHSIG); the entry points hold to it (`gateway.lifeline`).
+`ProcessSet.stop_all` sends SIGTERM to every group, waits up to
 `timeout_s`, then SIGKILLs the groups still alive, so a child's own children (vLLM's engine core
 and workers) go too. It is idempotent and runs from `__exit__`, so an exception or Ctrl-C in
 the launcher stops every child. `live_sets` lists the sets of this process (for
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -25,7 +29,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
+from gateway.lifeline import LAUNCHER_PID_ENV, PDEATHSIG_ENV
+
 log = logging.getLogger(__name__)
+
+#: What `ProcessSet.stop_all` writes into the log folder: each child's exit status.
+STOPPED_FILE = "stopped.json"
 
 
 @dataclasses.dataclass
@@ -70,6 +79,7 @@ class ProcessSet:
         self.timeout_s = timeout_s
         self.children: list[Child] = []
         self.stopping = False
+        self._sigkilled: list[str] = []
         self._lock = threading.RLock()
         _LIVE.add(self)
 
@@ -95,9 +105,14 @@ class ProcessSet:
     ) -> Child:
         path = self.log_dir / f"{name}.log"
         log_file = path.open("ab")
+        # PDEATHSIG follows the spawning thread: only the main thread's children take it (a
+        # supervisor thread ends before the launcher); the child's lifeline covers the rest
+        tie = {LAUNCHER_PID_ENV: str(os.getpid())}
+        if threading.current_thread() is threading.main_thread():
+            tie[PDEATHSIG_ENV] = "1"
         proc = subprocess.Popen(
             list(argv),
-            env=env,
+            env={**env, **tie},
             stdin=subprocess.DEVNULL,
             stdout=None if inherit else log_file,
             stderr=None if inherit else subprocess.STDOUT,
@@ -162,7 +177,9 @@ class ProcessSet:
 
     def stop_all(self) -> dict[str, int]:
         """SIGTERM every child's group, SIGKILL those alive after `timeout_s`; returns each
-        child's exit status (negative: the signal that ended it)."""
+        child's exit status (negative: the signal that ended it). Also writes them to
+        ``LOG_DIR/stopped.json`` (`STOPPED_FILE`: ``exit_codes``, and
+        ``sigkilled_after_timeout``: the children that outlived SIGTERM by `timeout_s`)."""
         with self._lock:
             return self._stop_all()
 
@@ -176,6 +193,7 @@ class ProcessSet:
             try:
                 child.proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                self._sigkilled.append(child.name)
                 log.warning("%s ignored SIGTERM for %.0f s: SIGKILL", child.name, self.timeout_s)
         for child in self.children:
             # the group may outlive its leader (vLLM's engine core): kill what is left of it
@@ -183,7 +201,11 @@ class ProcessSet:
             child.proc.wait()
             if not child._log_file.closed:
                 child._log_file.close()
-        return {c.name: int(c.proc.returncode) for c in self.children}
+        codes = {c.name: int(c.proc.returncode) for c in self.children}
+        record = {"exit_codes": codes, "sigkilled_after_timeout": self._sigkilled}
+        with contextlib.suppress(OSError):
+            (self.log_dir / STOPPED_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        return codes
 
     def __enter__(self) -> ProcessSet:
         return self

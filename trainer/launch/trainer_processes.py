@@ -16,9 +16,12 @@ Out of the group, the launcher survives any trainer process and always cleans up
 What the launcher does while they run (`run_trainer_processes`):
 - it supervises the engines (`EngineSupervisor`: restarts; fewer than launch.min_engines
   alive stops the run), which trainer process 0 cannot do since they are not its children;
-- a SIGINT/SIGTERM (a graceful stop, `trainer.launch.interrupt`) is passed to process 0,
-  which finishes the update under way, checkpoints on every process and tells the followers
-  to stop; a second signal stops everything at once;
+- a SIGINT/SIGTERM (a graceful stop, `trainer.launch.interrupt`) is passed to process 0 as
+  SIGINT, which finishes the update under way, checkpoints on every process and tells the
+  followers to stop (the job's stop reason and exit status name the signal the launcher got);
+  a second signal stops everything at once. SIGTERM is what `ProcessSet.stop_all` sends when
+  the job ends: process 0 then exits at once (status 143), even while it waits on the gateway
+  or on a lost peer;
 - the first trainer process to exit with a non-zero status is the lost one: JAX ends the
   others within about a second (measured), and the launcher raises `TrainerProcessLost`
   naming it (its id, pid, exit status, log), after which `ProcessSet` stops every child.
@@ -157,6 +160,8 @@ def run_trainer_processes(
     if not result_path.exists():
         raise RuntimeError(f"trainer process 0 exited with status 0 but wrote no {result_path}")
     result = json.loads(result_path.read_text())
+    if interrupt.requested():  # process 0 got SIGINT whatever the launcher got
+        result["stop_reason"], result["exit_code"] = interrupt.requested(), interrupt.exit_code()
     result["trainer_processes"] = launch.trainer_processes
     # the engines are the launcher's children here: its supervisor restarted them, not process 0
     result["engine_restarts"] = dict(supervisor.restarts) if supervisor is not None else {}
@@ -175,8 +180,7 @@ def _wait(procs: ProcessSet, names: list[str], supervisor: Any, min_engines: int
             return
         if not forwarded and interrupt.requested():
             forwarded = True  # process 0 stops gracefully and tells the others
-            sig = interrupt.exit_code() - 128
-            os.kill(procs.child(names[0]).proc.pid, sig if sig > 0 else signal.SIGINT)
+            os.kill(procs.child(names[0]).proc.pid, signal.SIGINT)  # SIGTERM: stop now
         if supervisor is not None and supervisor.serving() < min_engines:
             supervisor.check()  # raises, naming the dead engines
         time.sleep(POLL_S)

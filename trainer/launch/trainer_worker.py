@@ -62,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one trainer process (see the module docstring); returns the exit status."""
+    from gateway.lifeline import hold_to_launcher
+
+    hold_to_launcher()  # the launcher takes its trainer processes along when it dies
     args = _parser().parse_args(argv)
     from trainer.config import ConfigError
     from trainer.launch.job_config import load_job_config
@@ -139,13 +142,16 @@ def _lead(job, args: argparse.Namespace, model_path: Path) -> None:  # noqa: ANN
 
     from gateway.client import GatewayClient
     from gateway.errors import GatewayError
+    from gateway.lifeline import LAUNCHER_PID_ENV
     from trainer.launch import interrupt
     from trainer.launch.data import load_job_data, make_decoder, make_encoder
     from trainer.launch.training import train_and_evaluate
     from trainer.leader import Leader
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)
-    interrupt.install()  # the launcher passes a SIGINT/SIGTERM on: a graceful stop
+    # the launcher passes a user's stop on as SIGINT (a graceful stop); its SIGTERM means it
+    # stops the whole job (a peer lost, a failure): at once, even mid-call to a gone gateway
+    interrupt.install(term_now=LAUNCHER_PID_ENV in os.environ)
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     data = load_job_data(job)
     encode = make_encoder(tokenizer, job.data.system_prompt)

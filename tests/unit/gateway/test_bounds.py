@@ -56,7 +56,8 @@ def test_param_keys_and_values_are_bounded_together():
     with pytest.raises(GatewayError) as err:
         bounds.check(gpb.PublishRequest(params={"ab": "x" * 98, "cd": "y" * 99}))
     assert err.value.message == (
-        "PublishRequest.params (keys and values): expected at most 200 characters, got 201"
+        "PublishRequest.params (keys and values, the gateway's max_param_bytes): expected at "
+        "most 200 characters, got 201"
     )
 
 
@@ -137,4 +138,4 @@ def test_an_unknown_long_id_is_shown_cut():
 def test_bounds_of_the_bounds(kw, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         GatewayConfig(**kw)
-    assert GatewayConfig().param_bytes_limit == 16 << 20
+    assert GatewayConfig().param_bytes_limit == 4 << 20

@@ -94,3 +94,30 @@ def test_sigterm_asks_for_a_stop_with_status_143():
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert done.stdout.splitlines()[0] == "interrupted (SIGTERM) 143", done.stderr
+
+
+# A trainer process under a launcher (term_now): SIGINT inside graceful() still only asks for a
+# stop; SIGTERM ends it at once with 143, though its main thread never runs the Python handler
+# (it sits in a gateway retry or a collective: the handler is replaced by one doing nothing).
+TERM_NOW = """
+import os, signal, sys, time
+from trainer.launch import interrupt
+interrupt.install(grace_s=60.0, term_now=True)
+with interrupt.graceful():
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.5)
+    print(interrupt.requested(), flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(600):
+        time.sleep(0.1)
+print("not stopped", flush=True)
+"""
+
+
+def test_term_now_sigterm_ends_a_busy_trainer_process_at_once_with_143():
+    done = subprocess.run(
+        [sys.executable, "-c", TERM_NOW], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert (done.returncode, done.stdout.splitlines()) == (143, ["interrupted (SIGINT)"])
+    assert "SIGTERM from the launcher: this trainer process stops at once" in done.stderr
