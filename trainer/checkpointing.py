@@ -20,6 +20,7 @@ import orbax.checkpoint as ocp
 
 from trainer.positions import ConsumedPositions
 from trainer.train_step import TrainState
+from trainer.user_error import UserError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,6 +140,8 @@ class Checkpointer:
 
         Raises:
           FileNotFoundError: if there is no checkpoint (or not that step) in the directory.
+          UserError: the checkpoint cannot be read (`damaged`: names the step, its folder and
+            the previous checkpoint).
         """
         step = self.latest_step() if step is None else step
         if step is None or step not in self._manager.all_steps():
@@ -146,16 +149,36 @@ class Checkpointer:
                 f"no checkpoint {'at all' if step is None else step} in {self.directory}; "
                 f"saved steps: {self.all_steps()}"
             )
-        out = self._manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(_state_tree(abstract_state)),
-                progress=ocp.args.JsonRestore(),
-            ),
+        try:
+            out = self._manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(_state_tree(abstract_state)),
+                    progress=ocp.args.JsonRestore(),
+                ),
+            )
+            tree = out["state"]
+            state = TrainState(tree["params"], tree["opt_state"], tree["step"])
+            return state, Progress.from_meta(out["progress"])
+        except Exception as err:  # orbax / tensorstore / JSON errors of a damaged folder
+            raise self.damaged(step, err) from err
+
+    def damaged(self, step: int, err: BaseException) -> UserError:
+        """The plain error of checkpoint `step` that cannot be read: its step and folder, the
+        first line of the cause, and the previous checkpoint to resume from (if any)."""
+        cause = (str(err).strip().splitlines() or [""])[0][:200]
+        older = [s for s in self.all_steps() if s < step]
+        if older:
+            offer = (
+                f"delete {self.path_of(step)} to resume from step {older[-1]} "
+                f"({self.path_of(older[-1])}), or start over with another run_dir"
+            )
+        else:
+            offer = "there is no earlier checkpoint: start over with another run_dir"
+        return UserError(
+            f"checkpoint step {step} ({self.path_of(step)}) is damaged and cannot be restored "
+            f"({type(err).__name__}: {cause})\n{offer}"
         )
-        tree = out["state"]
-        state = TrainState(tree["params"], tree["opt_state"], tree["step"])
-        return state, Progress.from_meta(out["progress"])
 
     def close(self) -> None:
         """Finish pending writes and release the manager."""

@@ -181,6 +181,9 @@ class LaunchSection(_Section):
     ends, finished or failed; False leaves it serving either way."""
     token_file: str = ""
     """Token file of that gateway (`python -m gateway make-tokens`); empty: RUN_DIR/tokens.txt."""
+    gateway_wait_s: float = Field(default=30.0, gt=0)
+    """With launch.gateway: seconds to wait for that gateway to answer before the run stops
+    with an error naming it."""
     host: str = "127.0.0.1"
     """Interface the gateway listens on."""
     data_plane_host: str = "127.0.0.1"

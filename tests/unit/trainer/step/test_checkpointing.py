@@ -13,6 +13,7 @@ from trainer.losses import make_loss
 from trainer.optim import OptimizerConfig, make_optimizer
 from trainer.sharding import make_mesh
 from trainer.train_step import TrainStep
+from trainer.user_error import UserError
 
 
 def _advance(step, state, progress, batch_source, n):
@@ -91,3 +92,27 @@ def test_checkpointer_keeps_newest_and_refuses_bad_calls(tmp_path, model_factory
         assert ckpt.path_of(3).is_dir()
         with pytest.raises(FileNotFoundError, match="no checkpoint 0"):
             ckpt.restore(step.abstract_state(), step=0)
+
+
+def test_damaged_checkpoint_names_its_step_folder_and_the_previous_one(tmp_path, model_factory):
+    model = model_factory(0)
+    tx = make_optimizer(OptimizerConfig(learning_rate=1e-3))
+    step = TrainStep(model, make_loss("grpo"), tx, make_mesh(1, 1, devices=jax.devices()[:1]))
+    with Checkpointer(tmp_path / "c", max_to_keep=3) as ckpt:
+        for s in (2, 4):
+            ckpt.save(step.init_state(model, step=s), Progress(s, s, s, jax.random.key(s)))
+    folder = tmp_path / "c" / "4"
+    for path in (folder / "state").rglob("*"):  # a copy cut short: every data file emptied
+        if path.is_file():
+            path.write_bytes(b"")
+    with Checkpointer(tmp_path / "c") as ckpt, pytest.raises(UserError) as caught:
+        ckpt.restore(step.abstract_state())
+    first, second = str(caught.value).splitlines()
+    assert first.startswith(f"checkpoint step 4 ({folder}) is damaged and cannot be restored (")
+    assert second == (
+        f"delete {folder} to resume from step 2 ({tmp_path / 'c' / '2'}), or start over with "
+        "another run_dir"
+    )
+    with Checkpointer(tmp_path / "c") as ckpt:  # the offered one restores
+        _, progress = ckpt.restore(step.abstract_state(), step=2)
+    assert progress.weight_version == 2
