@@ -129,18 +129,43 @@ def vllm_packed_modules(hf_config: Mapping[str, Any]) -> dict[str, tuple[str, ..
     return None
 
 
-def check_folder(family: Family, folder: str | Path, with_engine: bool = True) -> CheckReport:
+def checkpoint_shapes(folder: str | Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape of every ``*.safetensors`` file in `folder`, from the headers only
+    (numpy framework: no JAX, torch or tensor data).
+
+    Raises:
+        FileNotFoundError: the folder holds no safetensors file.
+    """
+    from safetensors import safe_open
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no *.safetensors file")
+    out: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        with safe_open(str(file), framework="numpy") as f:
+            for name in f.keys():
+                out[name] = tuple(f.get_slice(name).get_shape())
+    return out
+
+
+def check_folder(
+    family: Family, folder: str | Path, with_engine: bool = True, with_jax: bool = True
+) -> CheckReport:
     """Checks `family` against an HF folder: config.json, safetensors headers, the JAX model's
-    abstract param shapes and (where vLLM is installed) vLLM's packed modules."""
-    from trainer.checkpoints.hf_io import CheckpointReader
+    abstract param shapes (`with_jax`; False imports no JAX: an engine process checks its
+    model so) and (`with_engine`, where vLLM is installed) vLLM's packed modules."""
     from trainer.models.config import ModelConfig
-    from trainer.models.params import abstract_params
 
     hf_config = json.loads((Path(folder) / "config.json").read_text())
     cfg = ModelConfig.from_hf(hf_config)
     if family.tied is not None:
         cfg = cfg.replace(tie_word_embeddings=family.tied)
-    shapes = CheckpointReader(folder).shapes()
-    jax_shapes = {k: tuple(v.shape) for k, v in abstract_params(cfg).items()}
+    shapes = checkpoint_shapes(folder)
+    jax_shapes = None
+    if with_jax:
+        from trainer.models.params import abstract_params
+
+        jax_shapes = {k: tuple(v.shape) for k, v in abstract_params(cfg).items()}
     packed = vllm_packed_modules(hf_config) if with_engine else None
     return check_mapping(family, cfg, shapes, jax_shapes, packed)
