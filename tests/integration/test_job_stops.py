@@ -178,8 +178,9 @@ def test_missing_tensor_and_missing_data_fail_before_any_process_starts(
     logs = tmp_path / "run" / "logs"
     with pytest.raises(UserError, match=f"nothing was started:\n  missing: {dropped}"):
         run_job(_job(tmp_path, broken))
-    assert sorted(p.name for p in logs.iterdir()) == ["trainer_error.log"]  # no child's log
+    # the trainer's own logs only: no child ever started
+    assert sorted(p.name for p in logs.iterdir()) == ["trainer.log", "trainer_error.log"]
 
     with pytest.raises(UserError, match="GSM8K file not found"):
         run_job(_job(tmp_path, model, "data.source=gsm8k", f"data.path={tmp_path / 'no.jsonl'}"))
-    assert sorted(p.name for p in logs.iterdir()) == ["trainer_error.log"]
+    assert sorted(p.name for p in logs.iterdir()) == ["trainer.log", "trainer_error.log"]

@@ -42,6 +42,7 @@ import yaml
 
 from trainer.launch.commands import run_settings, trainer_env
 from trainer.launch.job_config import JOB_SECTIONS, JobConfig
+from trainer.launch.library_logs import route_library_logs, unroute_library_logs
 from trainer.user_error import UserError
 
 ERROR_LOG = "trainer_error.log"
@@ -75,11 +76,14 @@ def run_job(job: JobConfig) -> dict[str, Any]:
             write_traceback(run_dir, err)
 
     interrupt.at_forced_exit(lambda: write_failure(KeyboardInterrupt("forced stop (busy)")))
+    quiet = route_library_logs(run_dir / "logs")  # absl/orbax notes: off the progress bar
     try:
         return _run_job(job)
     except BaseException as err:
         write_failure(err)
         raise
+    finally:
+        unroute_library_logs(quiet)
 
 
 def error_log(run_dir: Path) -> Path:
