@@ -68,7 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--timeout", type=float, default=5.0, help="seconds to wait")
     status.add_argument("--json", action="store_true", help="print JSON instead of text")
 
-    tokens = sub.add_parser("make-tokens", help="write a fresh token file (mode 0600)")
+    tokens = sub.add_parser(
+        "make-tokens", help="write a fresh token file (mode 0600; its folder is made if missing)"
+    )
     tokens.add_argument("path", type=Path)
 
     cert = sub.add_parser(
@@ -211,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from gateway.auth import write_tokens
 
+    args.path.parent.mkdir(parents=True, exist_ok=True)  # e.g. runs/tokens.txt (git-ignored)
     write_tokens(args.path)
     print(f"wrote trainer and engine tokens to {args.path}")
     return 0

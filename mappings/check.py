@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mappings.spec import Family, MappingError, expand
+from mappings.spec import Family, MappingError, Rule, condition_holds, expand
 
 
 @dataclasses.dataclass
@@ -27,12 +28,14 @@ class CheckReport:
     doubly_mapped: list[str] = dataclasses.field(default_factory=list)
     shape_mismatch: list[str] = dataclasses.field(default_factory=list)
     engine_mismatch: list[str] = dataclasses.field(default_factory=list)
+    family_mismatch: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         """True when nothing was found."""
         return not (
-            self.unmapped
+            self.family_mismatch
+            or self.unmapped
             or self.missing
             or self.doubly_mapped
             or self.shape_mismatch
@@ -42,7 +45,9 @@ class CheckReport:
     def lines(self) -> list[str]:
         """Human-readable findings, one per line."""
         out = []
-        for field in ("unmapped", "missing", "doubly_mapped", "shape_mismatch", "engine_mismatch"):
+        fields = ("family_mismatch", "unmapped", "missing", "doubly_mapped", "shape_mismatch",
+                  "engine_mismatch")  # fmt: skip
+        for field in fields:
             for item in getattr(self, field):
                 out.append(f"{field}: {item}")
         return out
@@ -74,6 +79,11 @@ def check_mapping(
         why = ""
         if name == family.tied_head and family.is_tied(cfg):
             why = " (the mapping declares tied embeddings but the checkpoint has a separate head)"
+        elif off := _rule_turned_off(family, cfg, name):
+            why = (
+                f" (rule {off.jax} maps it only when {off.when!r} holds, and this config.json "
+                f"turns {off.when!r} off)"
+            )
         report.unmapped.append(f"{name}{why}")
     for r in rules:
         if r.hf not in checkpoint_shapes:
@@ -111,9 +121,51 @@ def check_mapping(
     return report
 
 
+def _rule_turned_off(family: Family, cfg: Any, name: str) -> Rule | None:
+    """The rule of `family` whose HF name pattern matches `name` but whose `when` does not
+    hold for `cfg` (e.g. a q_proj bias when attention_bias is off), or None."""
+    for rule in family.rules:
+        if rule.when is None or condition_holds(rule.when, cfg, family):
+            continue
+        pattern = re.escape(rule.hf).replace(re.escape("{layer}"), r"\d+")
+        if re.fullmatch(pattern, name):
+            return rule
+    return None
+
+
+def family_mismatch(family: Family, model_type: object) -> str | None:
+    """Why config.json's `model_type` does not select `family`, or None when it does."""
+    from mappings.registry import family_for_model_type
+
+    try:
+        selected = family_for_model_type(model_type)
+    except MappingError as err:
+        return f"config.json: {err}"
+    if selected != family.name:
+        return (
+            f"config.json model_type {model_type!r} selects the {selected} family, not "
+            f"{family.name}: check it with --family {selected}"
+        )
+    return None
+
+
 def vllm_packed_modules(hf_config: Mapping[str, Any]) -> dict[str, tuple[str, ...]] | None:
     """vLLM's `packed_modules_mapping` for the checkpoint's architecture, or None when vLLM
-    is not installed or does not know the architecture. Imports vLLM lazily."""
+    is not installed or does not know the architecture. Imports vLLM lazily, its loggers at
+    ERROR meanwhile (its platform notes, e.g. "Triton is installed, but doesn't include CPU
+    backend", are not the checker's findings)."""
+    import logging
+
+    quiet = logging.getLogger("vllm")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        return _packed_modules(hf_config)
+    finally:
+        quiet.setLevel(level)
+
+
+def _packed_modules(hf_config: Mapping[str, Any]) -> dict[str, tuple[str, ...]] | None:
     try:
         from vllm.model_executor.models import ModelRegistry
     except Exception:
@@ -129,18 +181,47 @@ def vllm_packed_modules(hf_config: Mapping[str, Any]) -> dict[str, tuple[str, ..
     return None
 
 
-def check_folder(family: Family, folder: str | Path, with_engine: bool = True) -> CheckReport:
+def checkpoint_shapes(folder: str | Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape of every ``*.safetensors`` file in `folder`, from the headers only
+    (numpy framework: no JAX, torch or tensor data).
+
+    Raises:
+        FileNotFoundError: the folder holds no safetensors file.
+    """
+    from safetensors import safe_open
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no *.safetensors file")
+    out: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        with safe_open(str(file), framework="numpy") as f:
+            for name in f.keys():
+                out[name] = tuple(f.get_slice(name).get_shape())
+    return out
+
+
+def check_folder(
+    family: Family, folder: str | Path, with_engine: bool = True, with_jax: bool = True
+) -> CheckReport:
     """Checks `family` against an HF folder: config.json, safetensors headers, the JAX model's
-    abstract param shapes and (where vLLM is installed) vLLM's packed modules."""
-    from trainer.checkpoints.hf_io import CheckpointReader
+    abstract param shapes (`with_jax`; False imports no JAX: an engine process checks its
+    model so) and (`with_engine`, where vLLM is installed) vLLM's packed modules."""
     from trainer.models.config import ModelConfig
-    from trainer.models.params import abstract_params
 
     hf_config = json.loads((Path(folder) / "config.json").read_text())
     cfg = ModelConfig.from_hf(hf_config)
     if family.tied is not None:
         cfg = cfg.replace(tie_word_embeddings=family.tied)
-    shapes = CheckpointReader(folder).shapes()
-    jax_shapes = {k: tuple(v.shape) for k, v in abstract_params(cfg).items()}
+    shapes = checkpoint_shapes(folder)
+    jax_shapes = None
+    if with_jax:
+        from trainer.models.params import abstract_params
+
+        jax_shapes = {k: tuple(v.shape) for k, v in abstract_params(cfg).items()}
     packed = vllm_packed_modules(hf_config) if with_engine else None
-    return check_mapping(family, cfg, shapes, jax_shapes, packed)
+    report = check_mapping(family, cfg, shapes, jax_shapes, packed)
+    wrong = family_mismatch(family, hf_config.get("model_type"))
+    if wrong:
+        report.family_mismatch.append(wrong)
+    return report

@@ -1,7 +1,9 @@
 """`python -m rollout_engine --backend vllm|jax --gateway HOST:PORT --token-file F --model DIR`.
 
 Parses and validates the config (`rollout_engine.config`, no ML import) before anything heavy,
-so `--help` and a bad flag answer at once; then checks the gateway, the token and the run's
+so `--help` and a bad flag answer at once; then holds the model folder against its family's
+mapping (`rollout_engine.model_check`: a folder missing a tensor is refused before the engine
+contacts the gateway), checks the gateway, the token and the run's
 settings (`rollout_engine.precheck`, seconds) before it starts the backend (minutes for vLLM),
 runs the worker loop until the gateway shuts down, SIGTERM/SIGINT, or a gateway lost for
 good, and shuts the backend down. An engine that loses the gateway (dropped, or unreachable)
@@ -171,15 +173,19 @@ async def serve(cfg: EngineProcessConfig) -> str:
     gateway then hands it the current version before any lease): `rollout_engine.rejoin`.
 
     Raises:
+        ModelRefused: the model folder does not match its family's mapping (before the
+            gateway is contacted: `rollout_engine.model_check`).
         GatewayError: the precheck or the registration failed (a dead gateway, a refused
             token, a run this engine cannot serve); raised before the backend starts when the
             precheck finds it.
         ModelUnsupported: the backend cannot run the checkpoint (before it starts).
     """
     from gateway.client import GatewayClient
+    from rollout_engine.model_check import check_model
     from rollout_engine.precheck import precheck
     from rollout_engine.rejoin import run_worker
 
+    await asyncio.to_thread(check_model, cfg.model, cfg.family)
     spec = engine_spec(cfg)
     client = GatewayClient.from_token_file(cfg.gateway, cfg.token_file, "engine", cfg.ca_file)
     try:
@@ -190,10 +196,10 @@ async def serve(cfg: EngineProcessConfig) -> str:
         client.close()
         raise
     if cfg.backend == "vllm":  # a model vLLM cannot run: refused before it starts
-        from rollout_engine.vllm.limits import check_model
+        from rollout_engine.vllm.limits import check_model as check_vllm_limits
 
         try:
-            check_model(cfg.model)
+            check_vllm_limits(cfg.model)
         except BaseException:
             client.close()
             raise
@@ -218,11 +224,12 @@ def main(argv: list[str] | None = None) -> int:
         level=cfg.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
     from gateway.errors import GatewayError
+    from rollout_engine.model_check import ModelRefused
     from rollout_engine.precheck import ModelUnsupported
 
     try:
         reason = asyncio.run(serve(cfg))
-    except (GatewayError, ModelUnsupported) as e:
+    except (GatewayError, ModelRefused, ModelUnsupported) as e:
         log.error("%s", e)
         return 1
     log.info("engine stopped: %s", reason)

@@ -64,6 +64,10 @@ class VllmOptions(BaseModel):
     kv_cache_gib: int = Field(default=1, ge=1)
     gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1)
     seed: int = 0
+    shutdown_s: float = Field(default=1.0, ge=0)
+    """Seconds vLLM's engine-core process gets to exit after the engine stops before it is
+    killed (vLLM's own default, 5 s per process, made a SIGTERM take about 2 s past --stop-s
+    even when idle on CPU)."""
 
 
 class JaxOptions(BaseModel):

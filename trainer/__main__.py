@@ -144,11 +144,16 @@ def _train(args: argparse.Namespace) -> int:
     from trainer.launch.interrupt import EXIT_INTERRUPTED, install
 
     install()  # Ctrl-C and SIGTERM stop every child, even during a long train step
-    from trainer.launch.job import run_job
+    from trainer.launch.job import error_log, run_job
     from trainer.launch.report import format_summary
+    from trainer.user_error import UserError
 
     try:
         result = run_job(job)
+    except UserError as err:  # one or two plain lines; the traceback went to logs/
+        print(f"error: {err}", file=sys.stderr)
+        print(f"(traceback: {error_log(job.run_dir)})", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted: every child process was stopped", file=sys.stderr, flush=True)
         sys.stdout.flush()

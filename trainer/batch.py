@@ -99,7 +99,8 @@ class RLBatch:
 
     def metrics(self) -> dict[str, float]:
         """Host-side batch statistics for the logger: ``reward_mean``, ``reward_std``
-        (population), ``completion_tokens`` (loss-mask total), ``completion_len_mean``,
+        (population), ``reward_min``, ``reward_max``, ``reward_count`` (completions: B),
+        ``completion_tokens`` (loss-mask total), ``completion_len_mean``,
         ``seq_len_max`` and ``padding_fraction`` (share of the B * L slots past each row's S).
         """
         rewards = np.asarray(self.rewards, np.float64)
@@ -108,6 +109,9 @@ class RLBatch:
         return {
             "reward_mean": float(rewards.mean()),
             "reward_std": float(rewards.std()),
+            "reward_min": float(rewards.min()),
+            "reward_max": float(rewards.max()),
+            "reward_count": float(rewards.size),
             "completion_tokens": float(completion.sum()),
             "completion_len_mean": float(completion.mean()),
             "seq_len_max": float(seq_lens.max()),

@@ -223,9 +223,10 @@ class VllmBackend(RolloutBackend):
         self._version = manifest.version
 
     async def shutdown(self) -> None:
-        """Stop the engine (its worker processes included)."""
+        """Stop the engine (its worker processes included): vLLM's engine-core process gets
+        `shutdown_s` seconds to exit, then it and its workers are killed."""
         if self.engine is not None:
-            self.engine.shutdown()
+            self.engine.shutdown(timeout=self.cfg.shutdown_s)
             self.engine = None
 
 

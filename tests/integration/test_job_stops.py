@@ -32,6 +32,7 @@ from tests.integration.smoke_job import child_env, smoke_command
 from trainer.launch.job import run_job
 from trainer.launch.job_config import load_job_config
 from trainer.launch.stack import wait_for_engines
+from trainer.user_error import UserError
 
 _spec = importlib.util.spec_from_file_location("waits", Path(__file__).with_name("waits.py"))
 waits = importlib.util.module_from_spec(_spec)
@@ -176,13 +177,15 @@ def test_missing_tensor_and_missing_data_fail_before_any_process_starts(
     del tensors[dropped]
     save_file(tensors, broken / "model.safetensors")
 
-    with pytest.raises(ValueError, match=f"nothing was started:\n  missing: {dropped}"):
+    logs = tmp_path / "run" / "logs"
+    with pytest.raises(UserError, match=f"nothing was started:\n  missing: {dropped}"):
         run_job(_job(tmp_path, broken))
-    assert not (tmp_path / "run" / "logs").exists()  # no child was ever started
+    # the trainer's own logs only: no child ever started
+    assert sorted(p.name for p in logs.iterdir()) == ["trainer.log", "trainer_error.log"]
 
-    with pytest.raises(FileNotFoundError, match="GSM8K file not found"):
+    with pytest.raises(UserError, match="GSM8K file not found"):
         run_job(_job(tmp_path, model, "data.source=gsm8k", f"data.path={tmp_path / 'no.jsonl'}"))
-    assert not (tmp_path / "run" / "logs").exists()
+    assert sorted(p.name for p in logs.iterdir()) == ["trainer.log", "trainer_error.log"]
 
 
 @pytest.mark.slow

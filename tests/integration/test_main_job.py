@@ -76,6 +76,22 @@ def test_smoke_job_end_to_end(tmp_path, backend):
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert summary["exit_codes"] == {"gateway": 0, "engine0": 0}
 
+    # the run folder: checkpoints at steps 2 and 4, only the newest with optimizer state (the
+    # older one is its params alone: about a third of a checkpoint with Adam's two moments)
+    ckpt = run_dir / "checkpoints"
+    assert sorted(p.name for p in ckpt.iterdir()) == ["2", "4"]
+    assert [(ckpt / s / "opt_state").is_dir() for s in ("2", "4")] == [False, True]
+    sizes = {s: _bytes(ckpt / s) for s in ("2", "4")}
+    assert sizes["4"] - sizes["2"] > 0.9 * _bytes(ckpt / "4" / "opt_state"), sizes
+    # a 4-step run's closing lines compare 2 steps with 2, not 5 with 5
+    assert "mean reward: first 2 steps " in done.stdout
+    # orbax and absl notes are in the run's log, not on the terminal
+    assert "orbax" not in done.stderr and (run_dir / "logs" / "trainer.log").is_file()
+
+
+def _bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
 
 def _sessions_of(run_dir: Path) -> set[int]:
     """Session ids of the session leaders whose command line names `run_dir` (the gateway and

@@ -2,6 +2,9 @@
 folder (config.json, model.safetensors, the tokenizer files with the chat template) that
 transformers and vLLM load.
 
+`export_once` exports a step once into ``RUN_DIR/exports/STEP`` and reuses it (each
+``python -m trainer eval --model RUN_DIR`` of that step).
+
 The run's own ``RUN_DIR/config.yaml`` (written by the main job) names the base checkpoint and the
 train step; the orbax checkpoint is restored onto this process's devices through the train
 step's abstract state (params, optimizer moments, step), and its params are written with the
@@ -71,3 +74,44 @@ def export_checkpoint(path: str | Path, out_dir: str | Path) -> Path:
         tokenizer_from=base,
     )
     return Path(out_dir)
+
+
+def newest_step(run_dir: Path) -> int:
+    """The newest saved step in ``run_dir/checkpoints`` (its numbered folders).
+
+    Raises:
+      FileNotFoundError: no checkpoint.
+    """
+    folder = run_dir / "checkpoints"
+    steps = sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit() and p.is_dir())
+    if not steps:
+        raise FileNotFoundError(f"no checkpoint in {folder}")
+    return steps[-1]
+
+
+def export_once(path: str | Path) -> tuple[Path, Path, int]:
+    """The HF folder of the checkpoint at `path` (see `locate_checkpoint`), exported once into
+    ``RUN_DIR/exports/STEP`` and reused by every later call (each evaluation of that step,
+    whatever its ``--out``): written into a side folder and renamed, so a folder there is whole.
+
+    Returns:
+      ``(HF folder, RUN_DIR, STEP)``.
+
+    Raises:
+      as `export_checkpoint`.
+    """
+    import os
+    import shutil
+
+    run_dir, step = locate_checkpoint(path)
+    step = newest_step(run_dir) if step is None else step
+    folder = run_dir / "exports" / str(step)
+    if not (folder / "config.json").is_file():
+        tmp = folder.with_name(f"{step}.tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        export_checkpoint(run_dir / "checkpoints" / str(step), tmp)
+        try:
+            tmp.rename(folder)
+        except OSError:  # another evaluation exported it meanwhile
+            shutil.rmtree(tmp, ignore_errors=True)
+    return folder, run_dir, step

@@ -2,9 +2,10 @@
 score it with math-verify, save one JSONL row per problem and the metrics.
 
 1. resolve the checkpoint (`trainer.launch.model_source`: an HF folder, ``smollm2``,
-   ``tiny:VARIANT``; a ``RUN_DIR[/checkpoints/STEP]`` is exported to ``OUT/model`` first,
-   `trainer.eval.export`), hold it against its family's mapping,
-   load the tokenizer and the problems (`trainer.eval.problems`) and size the engines' context,
+   ``tiny:VARIANT``; a ``RUN_DIR[/checkpoints/STEP]`` is exported once to
+   ``RUN_DIR/exports/STEP`` and reused by later evaluations,
+   `trainer.eval.export.export_once`), hold it against its family's mapping, load the tokenizer
+   and the problems (`trainer.eval.problems`) and size the engines' context,
    all before any process starts;
 2. start the gateway and ``launch.num_engines`` engines of ``rollout.backend`` with
    `trainer.launch.stack` (the main job's launcher; the engines serve the checkpoint's weights,
@@ -37,8 +38,9 @@ def out_dir_of(job: JobConfig) -> Path:
 
 def run_eval(job: JobConfig) -> dict[str, Any]:
     """Evaluate (see the module docstring); returns the summary also saved as
-    ``OUT/summary.json``: the metrics of `trainer.eval.metrics.summarize` plus model, data,
-    backend, temperature, max_new_tokens, wall_time_s and the paths written.
+    ``OUT/summary.json``: the metrics of `trainer.eval.metrics.summarize` plus model (a run's
+    ``RUN_DIR/checkpoints/STEP``, with run_dir, step and exported_to), data, backend,
+    temperature, max_new_tokens, wall_time_s and the paths written.
 
     Raises:
       FileNotFoundError, KeyError, ValueError: the model or data cannot be read (nothing was
@@ -65,7 +67,7 @@ def run_eval(job: JobConfig) -> dict[str, Any]:
     out = out_dir_of(job)
     out.mkdir(parents=True, exist_ok=True)
     logging.getLogger("math_verify").setLevel(logging.ERROR)
-    model_path = _model_folder(job, out)
+    model_path, scored = _model_folder(job)
     family = ModelConfig.from_hf(read_hf_config(model_path)).family
     check_checkpoint(model_path, family)
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
@@ -116,7 +118,7 @@ def run_eval(job: JobConfig) -> dict[str, Any]:
             f.write(json.dumps(row) + "\n")
     summary: dict[str, Any] = {
         **summary_from_rows(rows),
-        "model": str(model_path),
+        **scored,
         "data": job.eval.data or job.data.path,
         "backend": r.backend,
         "engine_ids": engine_ids,
@@ -139,17 +141,26 @@ def is_run_checkpoint(spec: str) -> bool:
     )
 
 
-def _model_folder(job: JobConfig, out: Path) -> Path:
-    """The HF folder the engines load: model.path resolved, or a run's checkpoint exported to
-    ``OUT/model`` first (`trainer.eval.export`)."""
+def _model_folder(job: JobConfig) -> tuple[Path, dict[str, Any]]:
+    """The HF folder the engines load and what the summary says was scored: model.path
+    resolved (``model``: that folder), or a run's checkpoint exported once to
+    ``RUN_DIR/exports/STEP`` (`trainer.eval.export.export_once`; ``model``:
+    ``RUN_DIR/checkpoints/STEP``, with ``run_dir``, ``step`` and ``exported_to``)."""
     from trainer.launch.model_source import resolve_model
 
     spec = job.run.model.path
     if spec and is_run_checkpoint(spec):
-        from trainer.eval.export import export_checkpoint
+        from trainer.eval.export import export_once
 
-        return export_checkpoint(spec, out / "model")
-    return resolve_model(spec, job.run.trainer.seed)
+        folder, run_dir, step = export_once(spec)
+        return folder, {
+            "model": str(run_dir / "checkpoints" / str(step)),
+            "run_dir": str(run_dir),
+            "step": step,
+            "exported_to": str(folder),
+        }
+    path = resolve_model(spec, job.run.trainer.seed)
+    return path, {"model": str(path)}
 
 
 def _progress(show: bool, total: int) -> Any:

@@ -42,6 +42,10 @@ import yaml
 
 from trainer.launch.commands import run_settings, trainer_env
 from trainer.launch.job_config import JOB_SECTIONS, JobConfig
+from trainer.launch.library_logs import route_library_logs, unroute_library_logs
+from trainer.user_error import UserError
+
+ERROR_LOG = "trainer_error.log"
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +73,53 @@ def run_job(job: JobConfig) -> dict[str, Any]:
         if run_dir.is_dir():
             result = failure_summary(run_dir, err, started)
             (run_dir / "job_summary.json").write_text(json.dumps(result, indent=2) + "\n")
+            write_traceback(run_dir, err)
 
     interrupt.at_forced_exit(lambda: write_failure(KeyboardInterrupt("forced stop (busy)")))
+    quiet = route_library_logs(run_dir / "logs")  # absl/orbax notes: off the progress bar
     try:
         return _run_job(job)
     except BaseException as err:
         write_failure(err)
         raise
+    finally:
+        unroute_library_logs(quiet)
+
+
+def error_log(run_dir: Path) -> Path:
+    """Where a failed job's traceback goes: ``RUN_DIR/logs/trainer_error.log``."""
+    return run_dir.absolute() / "logs" / ERROR_LOG
+
+
+def write_traceback(run_dir: Path, err: BaseException) -> None:
+    """Write `err`'s traceback (with its causes) to `error_log(run_dir)`."""
+    import traceback
+
+    path = error_log(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(traceback.format_exception(err)))
+
+
+def _preflight(job: JobConfig) -> tuple[Path, str]:
+    """The checkpoint folder and its family, held against the family's mapping.
+
+    Raises:
+      UserError: model.path names no HF folder (or an unknown tiny variant, or SmolLM2's
+        package is missing), its model_type selects no family, or the folder does not match
+        the family's mapping.
+    """
+    from trainer.checkpoints.hf_io import read_hf_config
+    from trainer.launch.model_source import check_checkpoint, resolve_model
+    from trainer.models.config import ModelConfig
+
+    try:
+        model_path = resolve_model(job.run.model.path, job.run.trainer.seed)
+        family = ModelConfig.from_hf(read_hf_config(model_path)).family
+        check_checkpoint(model_path, family)
+    except (OSError, KeyError, ValueError) as err:  # MappingError is a ValueError
+        text = err.args[0] if isinstance(err, KeyError) and err.args else err
+        raise UserError(str(text)) from err
+    return model_path, family
 
 
 def _run_job(job: JobConfig) -> dict[str, Any]:
@@ -90,21 +134,20 @@ def _run_job(job: JobConfig) -> dict[str, Any]:
 
     from gateway.client import GatewayClient
     from gateway.errors import GatewayError
-    from trainer.checkpoints.hf_io import read_hf_config
+    from trainer.launch import joined
     from trainer.launch.data import load_job_data, make_decoder, make_encoder
-    from trainer.launch.model_source import check_checkpoint, resolve_model
     from trainer.launch.processes import ProcessSet
     from trainer.launch.stack import start_engines, start_gateway
-    from trainer.models.config import ModelConfig
 
     # math-verify warns on every call that its signal-based timeout is off (scoring runs in
     # threads, see trainer.rewards.math_verifier): keep that off the progress bar
     logging.getLogger("math_verify").setLevel(logging.ERROR)
-    model_path = resolve_model(job.run.model.path, job.run.trainer.seed)
-    family = ModelConfig.from_hf(read_hf_config(model_path)).family
-    check_checkpoint(model_path, family)
+    model_path, family = _preflight(job)
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
-    data = load_job_data(job)
+    try:
+        data = load_job_data(job)
+    except (OSError, ValueError) as err:  # a data file that is not there, a bad row
+        raise UserError(str(err)) from err
     encode = make_encoder(tokenizer, job.data.system_prompt)
     episodes = job.run.rollout.episodes()
     problems = [*data.train, *data.held_out]
@@ -129,16 +172,24 @@ def _run_job(job: JobConfig) -> dict[str, Any]:
         if launch.gateway:
             address = launch.gateway
             token_file = Path(launch.token_file or run_dir / "tokens.txt")
+            client = joined.connect(
+                address, token_file, launch.gateway_wait_s, launch.gateway_ca_file or None
+            )
         else:
             address = start_gateway(job, procs, run_dir, family)
             token_file = run_dir / "tokens.txt"
-        ca_file = (launch.gateway_ca_file or None) if launch.gateway else None
-        client = GatewayClient.from_token_file(
-            address, token_file, "trainer", ca_file, margin_s=10.0
-        )
-        try:
+            client = GatewayClient.from_token_file(address, token_file, "trainer", margin_s=10.0)
             client.wait_ready(30.0)
-            client.configure(run_settings(job, family))
+        try:
+            try:
+                if launch.gateway:  # a gateway left at a finished run's version: refuse it
+                    joined.check_start_version(client, address, run_dir, job.run.trainer.resume)
+                client.configure(run_settings(job, family))
+            except GatewayError as err:
+                refused = joined.refused_token(err, address, token_file)
+                if refused is None:
+                    raise
+                raise refused from err
             if not launch.gateway:
                 start_engines(job, procs, address, token_file, model_path, max_len)
             if launch.trainer_processes > 1:  # P processes, out of this one

@@ -192,6 +192,9 @@ class LaunchSection(_Section):
     gateway_ca_file: str = ""
     """With launch.gateway: the PEM certificate to trust (`python -m gateway make-cert`); given,
     the trainer talks to that gateway over TLS only. Empty: plaintext."""
+    gateway_wait_s: float = Field(default=30.0, gt=0)
+    """With launch.gateway: seconds to wait for that gateway to answer before the run stops
+    with an error naming it."""
     host: str = "127.0.0.1"
     """Interface the gateway listens on."""
     data_plane_host: str = "127.0.0.1"

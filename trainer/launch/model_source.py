@@ -19,8 +19,8 @@ def resolve_model(spec: str, seed: int = 0) -> Path:
     """The HF folder `spec` names (made or converted first when needed).
 
     Raises:
-      ValueError: an empty spec, or a folder without config.json; KeyError: an unknown tiny
-        variant; FileNotFoundError: SmolLM2's package is not installed.
+      ValueError: an empty spec, no such folder, or a folder without config.json; KeyError:
+        an unknown tiny variant; FileNotFoundError: SmolLM2's package is not installed.
     """
     if not spec:
         raise ValueError("model.path is empty: give an HF folder, 'smollm2' or 'tiny:VARIANT'")
@@ -43,6 +43,11 @@ def resolve_model(spec: str, seed: int = 0) -> Path:
                 shutil.rmtree(tmp, ignore_errors=True)
         return out
     path = Path(spec)
+    if not path.exists():
+        raise ValueError(
+            f"model.path {spec!r}: no such folder; give an HF folder with config.json, "
+            "'smollm2' or 'tiny:VARIANT'"
+        )
     if not (path / "config.json").is_file():
         raise ValueError(f"model.path: expected an HF folder with config.json, got {spec!r}")
     return path

@@ -7,8 +7,8 @@ tokens/s; `on_eval_progress` draws a second bar of held-out groups back during a
 every numeric entry becomes a TensorBoard scalar under ``RUN_DIR/tensorboard`` at its step
 (and, given a `trainer.launch.wandb_log.WandbLogger`, a W&B metric at the same step).
 `on_eval_row` takes an evaluation's row of ``metrics.jsonl`` (``eval/*`` keys, see
-`trainer.launch.eval_every`). `plot_metrics` reads ``metrics.jsonl`` back and draws the plot
-with matplotlib (Agg): reward, and the held-out accuracy of the eval rows, against step.
+`trainer.launch.eval_every`). `plot_metrics` (`trainer.launch.plot`) reads ``metrics.jsonl``
+back and draws the plot.
 """
 
 from __future__ import annotations
@@ -18,7 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-PLOT_NAME = "reward_lag.png"
+from trainer.launch.plot import PLOT_NAME, plot_metrics
+
+__all__ = ["PLOT_NAME", "Reporter", "failure_summary", "format_summary", "is_eval_row",
+           "plot_metrics", "read_metrics", "reward_ends"]  # fmt: skip
 
 
 class Reporter:
@@ -151,56 +154,20 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def plot_metrics(run_dir: str | Path) -> Path:
-    """Draw mean reward (with +-1 std band) and mean/max lag per step into
-    ``run_dir/reward_lag.png`` (with tool calls per episode beside the lag in a multi-turn
-    run); returns its path.
-
-    Raises:
-      ValueError: metrics.jsonl has no rows.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    every = read_metrics(run_dir)
-    rows = [r for r in every if not is_eval_row(r)]
-    if not rows:
-        raise ValueError(f"{Path(run_dir) / 'metrics.jsonl'} has no training rows to plot")
-    evals = [r for r in every if is_eval_row(r) and "eval/accuracy" in r]
-    steps = np.array([r["step"] for r in rows])
-    reward = np.array([r["reward_mean"] for r in rows])
-    std = np.array([r.get("reward_std", 0.0) for r in rows])
-    fig, (ax_r, ax_l) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-    ax_r.plot(steps, reward, marker="o", ms=3, label="mean reward")
-    ax_r.fill_between(steps, reward - std, reward + std, alpha=0.2, label="+-1 std")
-    if evals:
-        ax_r.plot([r["step"] for r in evals], [r["eval/accuracy"] for r in evals], marker="s",
-                  ms=4, color="tab:red", label="held-out accuracy")  # fmt: skip
-    ax_r.set_ylabel("reward")
-    ax_r.legend(loc="best")
-    ax_r.grid(alpha=0.3)
-    ax_l.plot(steps, [r["lag_mean"] for r in rows], marker="o", ms=3, label="mean lag")
-    ax_l.plot(steps, [r["lag_max"] for r in rows], ls="--", label="max lag")
-    ax_l.set_ylabel("lag (versions)")
-    ax_l.set_xlabel("step")
-    ax_l.legend(loc="upper left")
-    if any("tool_calls_per_episode" in r for r in rows):  # multi-turn episodes
-        ax_t = ax_l.twinx()
-        ax_t.plot(steps, [r.get("tool_calls_per_episode", np.nan) for r in rows], marker="^",
-                  ms=3, color="tab:green", label="tool calls per episode")  # fmt: skip
-        ax_t.set_ylabel("tool calls per episode")
-        ax_t.legend(loc="upper right")
-    ax_l.grid(alpha=0.3)
-    title = "reward, held-out accuracy and lag" if evals else "reward and lag"
-    fig.suptitle(f"{Path(run_dir).name}: {title} per step")
-    fig.tight_layout()
-    out = Path(run_dir) / PLOT_NAME
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+def reward_ends(rewards: list[float]) -> dict[str, Any]:
+    """The mean reward of the first and the last k steps, k = min(5, n // 2) over n steps, so
+    the two never share a step (k = 0 for one step: both are that step's reward), as the job
+    summary's ``reward_first5``, ``reward_last5`` and ``reward_ends_steps`` (k); all None
+    without a step."""
+    if not rewards:
+        return {"reward_first5": None, "reward_last5": None, "reward_ends_steps": None}
+    k = min(5, len(rewards) // 2)
+    first, last = (rewards[:k], rewards[-k:]) if k else (rewards, rewards)
+    return {
+        "reward_first5": float(sum(first) / len(first)),
+        "reward_last5": float(sum(last) / len(last)),
+        "reward_ends_steps": k,
+    }
 
 
 def format_summary(result: dict[str, Any]) -> str:
@@ -214,10 +181,14 @@ def format_summary(result: dict[str, Any]) -> str:
         f"filtered, {loop['in_flight']} in flight at the stop",
     ]
     if result.get("reward_first5") is not None:
-        lines.append(
-            f"mean reward: first 5 steps {result['reward_first5']:.3f}, "
-            f"last 5 steps {result['reward_last5']:.3f}"
-        )
+        k = result.get("reward_ends_steps", 5)
+        if k == 0:  # a single step
+            lines.append(f"mean reward: {result['reward_first5']:.3f} (one step)")
+        else:
+            lines.append(
+                f"mean reward: first {k} steps {result['reward_first5']:.3f}, "
+                f"last {k} steps {result['reward_last5']:.3f}"
+            )
     before, after = result.get("eval_before"), result.get("eval_after")
     if before and after:
         lines.append(

@@ -76,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {err}", file=sys.stderr)
         return 2
     logging.basicConfig(level="WARNING", format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from trainer.launch.library_logs import route_library_logs
+
+    route_library_logs(job.run_dir.absolute() / "logs")  # every process appends to one file
     from trainer.distributed import ProcessGroup, initialize, shutdown
     from trainer.launch.commands import resolve_accelerator
 

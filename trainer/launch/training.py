@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 
 from gateway import messages as m
 from gateway.client import GatewayClient
@@ -37,7 +36,7 @@ from trainer.launch.eval_every import EvalEvery, append_row, eval_row
 from trainer.launch.evaluate import EvalResult, drain_training_groups, evaluate
 from trainer.launch.job_config import JobConfig
 from trainer.launch.processes import ProcessSet
-from trainer.launch.report import Reporter, plot_metrics, read_metrics
+from trainer.launch.report import Reporter, plot_metrics, read_metrics, reward_ends
 from trainer.launch.stack import wait_for_engines
 from trainer.launch.supervisor import EngineSupervisor, deregister_dead
 from trainer.launch.wandb_log import WandbLogger
@@ -171,6 +170,7 @@ def train_and_evaluate(
         job, job.eval_temperature, job.eval.max_new_tokens or r.max_new_tokens
     )
     pad_id = int(model_cfg.eos_token_ids[0]) if model_cfg.eos_token_ids else 0
+    held_out_points: list[tuple[int, float]] = []  # (step, accuracy) without eval.every
     try:
         with ScoringPool(max_workers=r.scoring_workers, decode=decode) as scoring:
 
@@ -194,8 +194,9 @@ def train_and_evaluate(
                 result = run_eval(tag, at, expect_drained)
                 if job.eval.every:  # every evaluation of the run is a row of metrics.jsonl
                     log_eval(eval_row(result, int(trainer.state.step)))
-                else:
+                else:  # the plot marks it all the same
                     reporter.on_eval(tag, result.accuracy, int(trainer.state.step))
+                    held_out_points.append((int(trainer.state.step), result.accuracy))
                 return result
 
             source = RolloutSource(
@@ -269,7 +270,6 @@ def train_and_evaluate(
         "eval_before": dataclasses.asdict(before) if before else None,
         "eval_after": dataclasses.asdict(after) if after else None,
         "eval_every": every.summary() if every.every else None,
-        "reward_first5": float(np.mean(rewards[:5])) if rewards else None,
-        "reward_last5": float(np.mean(rewards[-5:])) if rewards else None,
-        "plot": str(plot_metrics(run_dir)) if rewards else None,
+        **reward_ends(rewards),
+        "plot": str(plot_metrics(run_dir, held_out_points)) if rewards else None,
     }

@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from mappings.__main__ import main
@@ -83,3 +84,51 @@ def test_checker_holds_mapping_against_vllm_names(tiny_checkpoint):
         "model.layers.0.mlp.gate_proj.weight: fused into 'gate_proj'" in line
         for line in report.engine_mismatch
     ), report.engine_mismatch
+
+
+def test_checkpoint_of_another_family_is_not_ok(tiny_checkpoint, capsys):
+    # a Llama checkpoint held against qwen2's mapping: every tensor has a rule (qwen2's are
+    # Llama's plus biases, which this config turns off), yet model_type selects llama
+    assert main(["check", "--family", "qwen2", "--no-engine", str(tiny_checkpoint("llama"))]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        "family_mismatch: config.json model_type 'llama' selects the llama family, not qwen2: "
+        "check it with --family llama",
+        "qwen2: 1 problem(s)",
+    ]
+
+
+def test_unmapped_bias_whose_condition_is_off_says_so(tmp_path, tiny_checkpoint):
+    from safetensors.numpy import load_file, save_file
+
+    model = tiny_checkpoint("llama")
+    folder = tmp_path / "with_bias"
+    folder.mkdir()
+    tensors = {}
+    for f in model.iterdir():
+        if f.suffix == ".safetensors":
+            tensors.update(load_file(f))
+        else:
+            (folder / f.name).write_bytes(f.read_bytes())
+    width = tensors["model.layers.0.self_attn.q_proj.weight"].shape[0]
+    tensors["model.layers.0.self_attn.q_proj.bias"] = np.zeros(width, np.float32)
+    save_file(tensors, folder / "model.safetensors")
+    # a new Llama-named family that took qwen2's rules (biases under when="attention_bias"),
+    # on a config.json without attention_bias
+    family = dataclasses.replace(get_family("qwen2"), name="llama", model_types=("llama",))
+    report = check_folder(family, folder, False)
+    assert report.lines() == [
+        "unmapped: model.layers.0.self_attn.q_proj.bias (rule layers.{layer}.attn.q.bias maps it "
+        "only when 'attention_bias' holds, and this config.json turns 'attention_bias' off)"
+    ]
+
+
+def test_cli_prints_only_its_findings(tiny_checkpoint):
+    """With the vLLM names check (vLLM imported): no platform note of vLLM's on stderr."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "mappings", "check", "--family", "llama", str(tiny_checkpoint())],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout, done.stderr) == (0, "llama: OK\n", "")

@@ -93,6 +93,9 @@ def test_build_rl_batch_exact_arrays():
         {
             "reward_mean": 0.5,
             "reward_std": 0.125**0.5,
+            "reward_min": 0.0,
+            "reward_max": 1.0,
+            "reward_count": 4.0,
             "completion_tokens": 9.0,
             "completion_len_mean": 2.25,
             "seq_len_max": 5.0,

@@ -67,3 +67,38 @@ def test_export_matches_the_trainers_logits(tmp_path, monkeypatch) -> None:
 def test_export_of_a_folder_without_a_run_is_a_clear_error(tmp_path, capsys) -> None:
     assert main(["export", str(tmp_path), str(tmp_path / "out")]) == 2
     assert "expected a run folder (config.yaml, checkpoints/)" in capsys.readouterr().err
+
+
+def test_eval_of_a_run_exports_each_step_once_and_names_the_run_and_step(
+    tmp_path, monkeypatch
+) -> None:
+    from trainer.eval.export import export_once
+    from trainer.eval.run import _model_folder
+
+    monkeypatch.setenv("JAXRL_CACHE_DIR", str(tmp_path / "cache"))
+    run_dir = tmp_path / "run"
+    job = load_job_config(None, ["model.path=tiny:smollm2", f"run_dir={run_dir}"])
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(_plain(job), sort_keys=False))
+    _, model = load_hf_checkpoint(resolve_model("tiny:smollm2", 0))
+    step = train_step_from_config(job.run, model, make_mesh(1, 1, devices=jax.devices()[:1]))
+    with Checkpointer(run_dir / "checkpoints") as ckpt:
+        for s in (2, 4):
+            ckpt.save(step.init_state(model, step=s), Progress(s, 0, s, jax.random.key(0)))
+
+    folder, run, newest = export_once(run_dir)
+    assert (folder, run, newest) == (run_dir / "exports" / "4", run_dir, 4)
+    written = (folder / "model.safetensors").stat()
+    # a second evaluation of the run (another --out) reuses the export: nothing is rewritten
+    eval_job = load_job_config(None, [f"model.path={run_dir}", f"eval.out_dir={tmp_path / 'b'}"])
+    again, scored = _model_folder(eval_job)
+    assert again == folder
+    assert (folder / "model.safetensors").stat().st_mtime_ns == written.st_mtime_ns
+    assert scored == {
+        "model": str(run_dir / "checkpoints" / "4"),
+        "run_dir": str(run_dir),
+        "step": 4,
+        "exported_to": str(folder),
+    }
+    assert export_once(run_dir / "checkpoints" / "2")[0] == run_dir / "exports" / "2"
+    assert sorted(p.name for p in (run_dir / "exports").iterdir()) == ["2", "4"]

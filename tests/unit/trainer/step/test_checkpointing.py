@@ -13,6 +13,7 @@ from trainer.losses import make_loss
 from trainer.optim import OptimizerConfig, make_optimizer
 from trainer.sharding import make_mesh
 from trainer.train_step import TrainStep
+from trainer.user_error import UserError
 
 
 def _advance(step, state, progress, batch_source, n):
@@ -91,3 +92,60 @@ def test_checkpointer_keeps_newest_and_refuses_bad_calls(tmp_path, model_factory
         assert ckpt.path_of(3).is_dir()
         with pytest.raises(FileNotFoundError, match="no checkpoint 0"):
             ckpt.restore(step.abstract_state(), step=0)
+
+
+def test_damaged_checkpoint_names_its_step_folder_and_the_previous_one(tmp_path, model_factory):
+    model = model_factory(0)
+    tx = make_optimizer(OptimizerConfig(learning_rate=1e-3))
+    step = TrainStep(model, make_loss("grpo"), tx, make_mesh(1, 1, devices=jax.devices()[:1]))
+    with Checkpointer(tmp_path / "c", max_to_keep=3) as ckpt:
+        for s in (2, 4):
+            ckpt.save(step.init_state(model, step=s), Progress(s, s, s, jax.random.key(s)))
+    folder = tmp_path / "c" / "4"
+    for path in (folder / "params").rglob("*"):  # a copy cut short: every data file emptied
+        if path.is_file():
+            path.write_bytes(b"")
+    with Checkpointer(tmp_path / "c") as ckpt, pytest.raises(UserError) as caught:
+        ckpt.restore(step.abstract_state())
+    first, second = str(caught.value).splitlines()
+    assert first.startswith(f"checkpoint step 4 ({folder}) is damaged and cannot be restored (")
+    assert second == (
+        f"delete {folder} to resume from step 2 ({tmp_path / 'c' / '2'}, optimizer moments "
+        "reset), or start over with another run_dir"
+    )
+    with Checkpointer(tmp_path / "c") as ckpt:  # the offered one restores
+        _, progress = ckpt.restore(step.abstract_state(), step=2)
+    assert progress.weight_version == 2
+
+
+def test_only_the_newest_checkpoint_keeps_optimizer_state(tmp_path, model_factory):
+    model = model_factory(0)
+    tx = make_optimizer(OptimizerConfig(learning_rate=1e-3))
+    step = TrainStep(model, make_loss("grpo"), tx, make_mesh(1, 1, devices=jax.devices()[:1]))
+    state = step.init_state(model)
+    moved = type(state)(state.params, jax.tree.map(lambda x: x + 1, state.opt_state), state.step)
+    with Checkpointer(tmp_path / "c", max_to_keep=3) as ckpt:
+        for s in (2, 4, 6):
+            saved = type(moved)(moved.params, moved.opt_state, jax.numpy.asarray(s))
+            ckpt.save(saved, Progress(s, s, s, jax.random.key(s)))
+        assert [ckpt.has_optimizer_state(s) for s in (2, 4, 6)] == [False, False, True]
+        items = {s: sorted(p.name for p in ckpt.path_of(s).iterdir() if p.is_dir()) for s in (4, 6)}
+        assert items == {4: ["params", "progress"], 6: ["opt_state", "params", "progress"]}
+        newest, _ = ckpt.restore(step.abstract_state())
+        older, progress = ckpt.restore(step.abstract_state(), step=4)
+    one = jax.tree.leaves(newest.opt_state)[0]
+    assert np.asarray(one).ravel()[0] == 1  # the newest: the saved optimizer state
+    assert all(not np.asarray(x).any() for x in jax.tree.leaves(older.opt_state))  # zeros
+    assert (int(older.step), progress.weight_version) == (4, 4)
+    for key, value in older.params.items():
+        np.testing.assert_array_equal(np.asarray(value), np.asarray(newest.params[key]), key)
+    sizes = {
+        s: sum(f.stat().st_size for f in (tmp_path / "c" / str(s)).rglob("*") if f.is_file())
+        for s in (4, 6)
+    }
+    opt_bytes = sum(
+        f.stat().st_size for f in (tmp_path / "c" / "6" / "opt_state").rglob("*") if f.is_file()
+    )
+    # the older one is the newest less its opt_state (orbax's metadata and packing of the
+    # params vary by a few KB between two saves)
+    assert sizes[6] - sizes[4] > 0.9 * opt_bytes, (sizes, opt_bytes)
