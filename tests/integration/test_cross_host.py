@@ -34,7 +34,7 @@ def test_main_job_across_four_hosts_behind_firewalls(cluster_box, tmp_path):
     force (a listener on a port outside the table cannot be reached from another host)."""
     box = cluster_box(["node0", "node1", "node2", "node3"])
     job = MainJobOnHosts(
-        box, tmp_path / "run", tmp_path, trainer_hosts=["node0", "node1"],
+        box, tmp_path / "run", tmp_path / "cache", trainer_hosts=["node0", "node1"],
         engine_hosts=["node2", "node3"],
         overrides=["launch.engine_backends=[jax, vllm]", "launch.engine_dtype=float32",
                    "launch.trainer_devices=1", "eval.size=0"],

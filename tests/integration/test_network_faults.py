@@ -44,7 +44,7 @@ def test_trainer_host_link_down_stops_the_job_and_a_resume_continues_exactly(clu
     steps = 8
     box = cluster_box(["node0", "node1", "node2"])
     job = MainJobOnHosts(
-        box, tmp_path / "run", tmp_path, trainer_hosts=["node0", "node1"],
+        box, tmp_path / "run", tmp_path / "cache", trainer_hosts=["node0", "node1"],
         engine_hosts=["node2"],
         overrides=[f"trainer.steps={steps}", "launch.trainer_devices=1", "eval.size=0",
                    "launch.trainer_heartbeat_timeout_s=10"],
@@ -106,8 +106,9 @@ def _wait_event(job: MainJobOnHosts, match, timeout_s: float) -> dict:  # noqa: 
 
 def test_gateway_link_flap_then_an_engine_host_cut_mid_push_for_20_s(cluster_box, tmp_path):
     """The gateway's host (node0, alone) loses its link for 5 s after step 2: the trainer
-    (node1) and both JAX engines (node2, node3) ride it out (engine heartbeat timeout 8 s:
-    nobody is dropped). Then engine B's host (node3, its link at 2 Mbit/s so that a push to it
+    (node1) and both JAX engines (node2, node3) ride it out (engine heartbeat timeout 12 s, above
+    the 5 s outage plus a heartbeat interval and TCP's retransmission backoff: nobody is
+    dropped). Then engine B's host (node3, its link at 2 Mbit/s so that a push to it
     takes about 2 s) is cut right after a version is published, while its buckets are on the
     wire, and stays cut for 20 s: the gateway drops it for missed heartbeats (the reason in
     the events), its leases go back, the publisher re-plans on engine A (a data-plane peer
@@ -118,11 +119,11 @@ def test_gateway_link_flap_then_an_engine_host_cut_mid_push_for_20_s(cluster_box
     steps = 12
     box = cluster_box(["node0", "node1", "node2", "node3"])
     job = MainJobOnHosts(
-        box, tmp_path / "run", tmp_path, trainer_hosts=["node1"],
+        box, tmp_path / "run", tmp_path / "cache", trainer_hosts=["node1"],
         engine_hosts=["node2", "node3"], gateway_on="node0",
         overrides=[f"trainer.steps={steps}", "launch.trainer_devices=1", "eval.size=0",
                    "launch.engine_backends=[jax, jax]", "launch.data_plane_timeout_s=60",
-                   "launch.engine_heartbeat_timeout_s=8", "launch.engine_rejoin_s=120"],
+                   "launch.engine_heartbeat_timeout_s=12", "launch.engine_rejoin_s=120"],
     )  # fmt: skip
     box.limit_rate("node3", 2)
     try:
