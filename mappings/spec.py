@@ -22,7 +22,7 @@ from typing import Any
 from mappings.shards import ShardKind
 
 #: Condition names a rule may be gated by, evaluated on the model config.
-CONDITIONS = ("attention_bias", "qk_norm", "post_norms", "untied")
+CONDITIONS = ("attention_bias", "output_bias", "qk_norm", "post_norms", "untied")
 
 _TOKEN = re.compile(r"\(([^()]*)\)|(\S+)")
 

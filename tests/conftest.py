@@ -122,16 +122,18 @@ def family_variants() -> list[tuple[str, str | None]]:
 
 def family_mapping_cases() -> list[tuple[str, str | None]]:
     """The pairs of `family_variants()` that take different paths through a family's mapping:
-    per family, the first variant of each `tie_word_embeddings` value (a tied checkpoint has
-    no LM head to send). For the tests that start an engine per case."""
+    per family, the first variant of each (`tie_word_embeddings`, `attention_bias`) pair (a
+    tied checkpoint has no LM head to send; a biased one sends the bias tensors). For the tests
+    that start an engine per case."""
     from trainer.checkpoints.tiny import TINY_CONFIGS
 
-    seen: set[tuple[str, bool]] = set()
+    seen: set[tuple[str, bool, bool]] = set()
     cases = []
     for family, variant in family_variants():
-        tied = variant is not None and bool(TINY_CONFIGS[variant].get("tie_word_embeddings"))
-        if (family, tied) not in seen:
-            seen.add((family, tied))
+        config = TINY_CONFIGS[variant] if variant is not None else {}
+        key = (family, bool(config.get("tie_word_embeddings")), bool(config.get("attention_bias")))
+        if key not in seen:
+            seen.add(key)
             cases.append((family, variant))
     return cases
 

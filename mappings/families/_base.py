@@ -50,6 +50,11 @@ ATTENTION_BIAS = (
         when="attention_bias",
     ),
 )
+#: The output projection's bias (HF Llama's `attention_bias` biases o_proj as well as q, k, v):
+#: row-parallel in the engine, so every TP rank holds it whole.
+OUTPUT_BIAS = Rule(
+    f"{J}.attn.o.bias", f"{L}.self_attn.o_proj.bias", "D", "D", None, when="output_bias"
+)
 QK_NORM = (
     Rule(f"{J}.attn.q_norm.scale", f"{L}.self_attn.q_norm.weight", "H", "H", when="qk_norm"),
     Rule(f"{J}.attn.k_norm.scale", f"{L}.self_attn.k_norm.weight", "H", "H", when="qk_norm"),

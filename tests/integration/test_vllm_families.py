@@ -7,9 +7,10 @@ sampled at temperature 0.7 equal transformers' `log_softmax(logits / 0.7)` withi
 rollout carries version 1.
 
 The cases come from `family_case` (tests/conftest.py): for every family file, a tiny
-checkpoint of each kind of head it has (tied, untied), so a new family is tested here without
-editing this file (llama: untied "llama" and tied "llama3"; the rest one each). One engine
-per case, five in all, as many as before.
+checkpoint of each kind of head it has (tied, untied) and with and without attention biases,
+so a new family is tested here without editing this file (llama: untied "llama", tied "llama3"
+and "llama_bias" with biases on q, k, v and o_proj; the rest one each). One engine per case,
+six in all.
 """
 
 import importlib.util

@@ -71,6 +71,20 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
             original_max_position_embeddings=16,
         ),
     ),
+    # Llama with `attention_bias`: biases on q, k, v and o_proj; 8 query heads per KV head.
+    "llama_bias": dict(
+        model_type="llama",
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=1,
+        head_dim=32,
+        attention_bias=True,
+        tie_word_embeddings=False,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+    ),
     "qwen2": dict(
         model_type="qwen2",
         hidden_size=64,

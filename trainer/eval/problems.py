@@ -3,17 +3,22 @@ its own form) or a PATH.jsonl (read with the data.* keys); empty, data.path as d
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from trainer.eval.benchmarks import BENCHMARKS, benchmark_file
 from trainer.launch.data import load_file_problems
 from trainer.launch.job_config import JobConfig
 from trainer.rewards.base import Problem
-from trainer.rewards.jsonl_problems import load_jsonl_problems
+from trainer.rewards.jsonl_problems import UnparsedGolds, load_jsonl_problems
 
 
 def eval_problems(job: JobConfig) -> list[Problem]:
     """The problems to evaluate, the first data.limit of them (all when unset).
+
+    A PATH.jsonl whose golds do not all parse in data.answer_form gets one warning line on
+    stderr (`UnparsedGolds.warning`: the count and the first example); under a form other than
+    "auto" those rows are left out, under "auto" a gold read as words is kept.
 
     Raises:
       KeyError: eval.data is neither a benchmark nor a .jsonl path. FileNotFoundError: the file
@@ -32,7 +37,12 @@ def eval_problems(job: JobConfig) -> list[Problem]:
             raise KeyError(f"eval.data: expected one of {sorted(BENCHMARKS)} or a PATH.jsonl, "
                            f"got {spec!r}")  # fmt: skip
         job = job.model_copy(update={"data": d.model_copy(update={"source": "jsonl"})})
-        return load_file_problems(job, Path(spec))
+        unparsed = UnparsedGolds()
+        problems = load_file_problems(job, Path(spec), unparsed=unparsed)
+        warning = unparsed.warning(d.answer_field, d.answer_form)
+        if warning:
+            print(warning, file=sys.stderr)
+        return problems
     if d.source == "reasoning_gym":
         raise ValueError("eval needs a data file: --data NAME|PATH.jsonl (eval.data), or "
                          "data.source gsm8k/jsonl with data.path")  # fmt: skip

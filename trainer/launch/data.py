@@ -18,7 +18,7 @@ from typing import Any
 from trainer.launch.job_config import JobConfig
 from trainer.rewards import available_verifiers, load_gsm8k, reasoning_gym_problems
 from trainer.rewards.base import Problem
-from trainer.rewards.jsonl_problems import load_jsonl_problems
+from trainer.rewards.jsonl_problems import UnparsedGolds, load_jsonl_problems
 
 EVAL_SEED_OFFSET = 1_000_003
 
@@ -31,9 +31,15 @@ class JobData:
     held_out: list[Problem]
 
 
-def load_file_problems(job: JobConfig, path: str | Path, limit: int | None = None) -> list[Problem]:
+def load_file_problems(
+    job: JobConfig,
+    path: str | Path,
+    limit: int | None = None,
+    unparsed: UnparsedGolds | None = None,
+) -> list[Problem]:
     """The problems of one data file of `job` (data.source gsm8k or jsonl), the first `limit`
-    and at most data.limit.
+    and at most data.limit. `unparsed` (jsonl only): see `load_jsonl_problems`; a gold not in
+    its form then leaves its row out instead of raising.
 
     Raises:
       FileNotFoundError: no such file; ValueError: a row the source cannot read (file:line).
@@ -47,6 +53,7 @@ def load_file_problems(job: JobConfig, path: str | Path, limit: int | None = Non
         path, template=d.prompt_template, answer_field=d.answer_field,
         answer_form=d.answer_form, answer_regex=d.answer_regex, limit=limit, suffix=d.suffix,
         max_new_tokens_field=d.max_new_tokens_field if d.source == "jsonl" else "",
+        unparsed=unparsed,
     )  # fmt: skip
 
 

@@ -71,7 +71,9 @@ class ModelConfig:
         num_heads (N), num_kv_heads (K), head_dim (H).
         rms_norm_eps: epsilon of every RMSNorm.
         tie_word_embeddings: the LM head is the transposed embedding table.
-        attention_bias: q/k/v projections carry biases (qwen2).
+        attention_bias: q/k/v projections carry biases (qwen2; llama with `attention_bias`).
+        output_bias: the output projection carries a bias too (llama's `attention_bias`, which
+            biases q, k, v and o; qwen2 biases q, k, v only).
         qk_norm: per-head RMSNorm of queries and keys before rope (qwen3, gemma3).
         norm_plus_one: RMSNorm scales by (1 + w) and multiplies in fp32 (gemma3).
         post_norms: extra norms after attention and MLP (gemma3's four norms per layer).
@@ -98,6 +100,7 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
     attention_bias: bool = False
+    output_bias: bool = False
     qk_norm: bool = False
     norm_plus_one: bool = False
     post_norms: bool = False
@@ -211,6 +214,7 @@ class ModelConfig:
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", gemma)),
             attention_bias=family == "qwen2" or bool(hf.get("attention_bias", False)),
+            output_bias=family == "llama" and bool(hf.get("attention_bias", False)),
             qk_norm=family in ("qwen3", "gemma3"),
             norm_plus_one=gemma,
             post_norms=gemma,

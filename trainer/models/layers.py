@@ -100,10 +100,10 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
 
 
 class Attention(nnx.Module):
-    """Grouped-query attention (Ainslie et al. 2023) with rope, optional q/k biases and q/k norms.
+    """Grouped-query attention (Ainslie et al. 2023) with rope, optional biases and q/k norms.
 
     Params: q.kernel [D, N, H], k.kernel / v.kernel [D, K, H], o.kernel [N, H, D];
-    with `attention_bias` q.bias [N, H], k.bias / v.bias [K, H];
+    with `attention_bias` q.bias [N, H], k.bias / v.bias [K, H]; with `output_bias` o.bias [D];
     with `qk_norm` q_norm.scale / k_norm.scale [H].
     """
 
@@ -115,7 +115,7 @@ class Attention(nnx.Module):
         self.q = _Proj(keys, (D, N, H), (N, H) if cfg.attention_bias else None, p)
         self.k = _Proj(keys, (D, K, H), (K, H) if cfg.attention_bias else None, p)
         self.v = _Proj(keys, (D, K, H), (K, H) if cfg.attention_bias else None, p)
-        self.o = _Proj(keys, (N, H, D), None, p)
+        self.o = _Proj(keys, (N, H, D), (D,) if cfg.output_bias else None, p)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(H, cfg.rms_norm_eps, cfg.norm_plus_one, p)
             self.k_norm = RMSNorm(H, cfg.rms_norm_eps, cfg.norm_plus_one, p)
@@ -179,7 +179,10 @@ class Attention(nnx.Module):
             mask = attention_mask(positions, k_pos, window)  # [B, T, S]
             out = dense_attention(qg, keys.astype(dt), values.astype(dt), mask, cfg)
         out = out.reshape(B, T, N, H)
-        return jnp.einsum("btnh,nhd->btd", out, self.o.kernel[...].astype(dt)), kv
+        y = jnp.einsum("btnh,nhd->btd", out, self.o.kernel[...].astype(dt))  # [B, T, D]
+        if cfg.output_bias:
+            y = y + self.o.bias[...].astype(dt)
+        return y, kv
 
 
 def dense_attention(

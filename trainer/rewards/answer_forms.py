@@ -4,7 +4,9 @@
 - ``hash``: the text after the last ``####`` (GSM8K's ``...\\n#### 1,234``; commas dropped);
 - ``boxed``: the content of the last ``\\boxed{...}`` (MATH / Minerva solutions);
 - ``regex``: the first match of a regular expression (its group 1 if it has a group);
-- ``auto``: number for a JSON number, then hash, then boxed, else the whole text.
+- ``auto``: number for a JSON number, then hash, then boxed, then the leading number of a text
+  that starts with one and goes on with words (ASDiv's ``"9 (apples)"`` -> ``9``), else the
+  whole text.
 
 The result is a gold text math-verify parses: a plain number, or a LaTeX expression wrapped in
 ``$...$`` (so ``1.5\\times10^{8}`` parses whole, not as its first number).
@@ -18,6 +20,28 @@ from typing import Any, Literal
 AnswerForm = Literal["auto", "number", "hash", "boxed", "regex"]
 ANSWER_FORMS: tuple[str, ...] = ("auto", "number", "hash", "boxed", "regex")
 _NUMBER = re.compile(r"^[+-]?(\d[\d,]*\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+#: A number, then a unit or a remark: words or a parenthesis, with no digit, operator or LaTeX.
+_LEADING = re.compile(
+    r"^\s*([+-]?(?:\d[\d,]*\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*(?:\s[A-Za-z]|\()[^\d=+*/^\\$]*$"
+)
+#: A word of two or more letters that is not a LaTeX command (no backslash before it).
+_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+
+
+def leading_number(text: str) -> str | None:
+    """The number a text starts with when words or a parenthesis follow it (a unit or a remark,
+    as ASDiv's ``"9 (apples)"`` or ``"12.5 cm"``), commas dropped; None otherwise (``"2x + 1"``,
+    ``"3:4"``, ``"9 (3+6)"``, ``"3 hours 20 minutes"`` and a bare number are not read).
+    """
+    found = _LEADING.match(text)
+    return found.group(1).replace(",", "") if found else None
+
+
+def is_prose(gold: str) -> bool:
+    """Whether a gold text (a result of `gold_answer`) holds a word outside LaTeX commands, e.g.
+    ``"$three apples$"``: math-verify reads each letter as a symbol, so no completion matches it.
+    """
+    return _WORD.search(gold) is not None
 
 
 def last_boxed(text: str) -> str | None:
@@ -64,7 +88,7 @@ def gold_answer(value: Any, form: AnswerForm = "auto", regex: str = "") -> str:
         elif last_boxed(value) is not None:
             form = "boxed"
         else:
-            return _as_gold(value)
+            return leading_number(value) or _as_gold(value)
     text = str(value)
     if form == "number":
         plain = text.strip().replace(",", "")

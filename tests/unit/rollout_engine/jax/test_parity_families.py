@@ -1,5 +1,6 @@
 """The engine against transformers, greedy and token for token, for the families that
-``test_parity.py`` does not cover: tiny qwen3 and gemma3 (sliding-window layers) and the real
+``test_parity.py`` does not cover: tiny qwen3, gemma3 (sliding-window layers) and llama with
+``attention_bias`` (biases on q, k, v and o_proj; 8 query heads per KV head), and the real
 SmolLM2-135M-Instruct (slow).
 
 Every case runs a batch of prompts of different lengths and different token budgets through
@@ -102,7 +103,7 @@ def _greedy_parity(path, prompts, budgets, max_len: int, reference=_hf_greedy) -
             assert r.weight_versions == [(0, 0, n)]
 
 
-@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("family", ["qwen3", "gemma3", "llama_bias"])
 def test_tiny_greedy_equals_transformers_token_for_token(tiny_checkpoint, family) -> None:
     path = tiny_checkpoint(family, vocab_size=VOCAB, with_tokenizer=False)
     _greedy_parity(path, PROMPTS, BUDGETS, max_len=64)
