@@ -10,6 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 TOP = ("trainer", "gateway", "rollout_engine", "mappings", "transport", "envs", "protos",
        "tests", "benchmarks", "configs", "scripts", "deploy", "docs")  # fmt: skip
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 PATH = re.compile(r"`((?:" + "|".join(TOP) + r")/[A-Za-z0-9_./-]*)`")
 
 
@@ -46,3 +47,10 @@ def test_named_paths_exist():
                 if not (ROOT / path).exists():
                     missing.append(f"{page.relative_to(ROOT)}:{line_no}: {path}")
     assert not missing, "paths the docs name that do not exist:\n" + "\n".join(missing)
+
+
+def test_readme_links_exist():
+    text = (ROOT / "README.md").read_text()
+    links = [link for link in LINK.findall(text) if "://" not in link]
+    assert links, "README.md links to no page"
+    assert [link for link in links if not (ROOT / link).exists()] == []
