@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets everything up (scripts/setup.sh), then runs the checks CI runs:
-# ruff (lint and format), mypy over the packages and benchmarks/, and pytest (all markers; gpu tests
+# ruff (lint and format), mypy over the packages and benchmarks/, the docs site
+# (mkdocs build --strict: a broken link or a missing page fails), and pytest (all markers; gpu tests
 # skip themselves where no CUDA device is visible). Extra arguments go to pytest.
 # pytest runs the test files on JAXRL_TEST_WORKERS processes (pytest-xdist, default 2, a file
 # per worker at a time so that module fixtures such as a vLLM engine are built once;
@@ -13,6 +14,7 @@ VENV=${VENV:-.venv}
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
 "$VENV/bin/mypy" trainer gateway rollout_engine mappings transport envs benchmarks deploy
+"$VENV/bin/mkdocs" build --strict --site-dir "$(mktemp -d)"
 WORKERS=${JAXRL_TEST_WORKERS:-2}
 if [ "$WORKERS" = "0" ]; then
   "$VENV/bin/python" -m pytest "$@"

@@ -2,7 +2,7 @@
 own certificate, a pinned port) and trainer process 0 on one host, the other trainer
 processes and each engine on hosts of their own, every process started with the launcher's
 own command lines (`trainer.launch.commands`) through `ClusterBox.popen`; and the port table
-each role's host admits (the README's "Ports").
+each role's host admits (docs/clusters.md, "Ports").
 
 Used by the tests (tests/integration/cluster_harness.py) and by benchmarks/cross_host.py.
 """
@@ -41,7 +41,7 @@ ROLE_PORTS: dict[str, list[int | tuple[int, int]]] = {
     "trainer": [EPHEMERAL],
     "engine": [EPHEMERAL],
 }
-"""What each role's host admits (the README's port table): the gateway its gRPC port; trainer
+"""What each role's host admits (docs/clusters.md, ports): the gateway its gRPC port; trainer
 process 0 the coordinator, the store's range and the ephemeral range (gloo listeners of the
 data plane and of JAX's CPU collectives); other trainer processes and engines the ephemeral
 range (their gloo listeners)."""

@@ -1,6 +1,6 @@
 """The cluster in a box for tests: hosts as network namespaces (`deploy.local.cluster_box`),
 the run's processes started on them with the launcher's own command lines, and the port
-table of the README's "Ports" section as each host's firewall.
+table of the "Ports" section of docs/clusters.md as each host's firewall.
 
 `cluster_box` (a fixture factory) makes a box and removes it on every path; a machine where
 namespaces cannot be made fails the test with the reason (never a silent skip). `MainJobOnHosts`

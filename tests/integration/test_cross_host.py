@@ -6,7 +6,7 @@ process 0 (jax.distributed coordinator, data-plane store); node1 trainer process
 jax.distributed job over real addresses, 2 processes x 1 CPU device); node2 a JAX engine and
 node3 a vLLM engine. Every trainer process sends its own blocks of each version to both
 engines (fan-in over gloo across hosts). Each host's nftables firewall admits only the ports
-the README's port table names for its roles, so the run passing proves the table complete.
+docs/clusters.md's port table names for its roles, so the run passing proves the table complete.
 Real processes; run under the heavy lock.
 """
 

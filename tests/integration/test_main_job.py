@@ -151,7 +151,7 @@ def test_ctrl_c_stops_every_process(tmp_path):
 
 @pytest.mark.slow
 def test_trainer_joins_a_gateway_started_elsewhere(tmp_path):
-    """The README's separate-hosts recipe on one machine: gateway and engine started by hand,
+    """The separate-hosts recipe (docs/clusters.md) on one machine: gateway and engine by hand,
     the trainer joins with launch.gateway and starts no process of its own; with
     launch.stop_joined=true it shuts the gateway (and so its engine) down at the end."""
     from trainer.checkpoints.tiny import make_tiny_checkpoint

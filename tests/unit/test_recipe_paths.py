@@ -1,4 +1,4 @@
-"""The README's separate-hosts recipe writes nothing into the repository that `git status`
+"""The separate-hosts recipe (docs/clusters.md) writes nothing into the repository that `git status`
 shows: its token file and tiny model go under the git-ignored runs/, and make-tokens makes that
 folder; a token file or a tiny model folder left in the root by an older recipe is ignored too."""
 
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _recipe() -> str:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "clusters.md").read_text()
     return text[text.index("## Running on separate hosts") : text.index("### Clusters")]
 
 

@@ -202,7 +202,7 @@ class LaunchSection(_Section):
     them)."""
     data_plane_port: int = Field(default=0, ge=0, le=65535)
     """TCP port of the data plane's rendezvous store (on data_plane_host only); 0 picks a free
-    one. gloo/NCCL open further ports of the kernel's choosing (README, "Ports")."""
+    one. gloo/NCCL open further ports of the kernel's choosing (docs/clusters.md, "Ports")."""
     data_plane_port_count: int = Field(default=1, ge=1, le=65535)
     """With data_plane_port > 0: the store takes the first free port of
     data_plane_port..data_plane_port+data_plane_port_count-1."""

@@ -6,7 +6,7 @@ Two ways it starts:
   RUN_DIR/config.yaml --run-dir RUN_DIR --process-id I --num-processes P --coordinator
   127.0.0.1:PORT --gateway HOST:PORT --token-file FILE --model PATH --result FILE``;
 - on a cluster, by hand on every trainer host (e.g. one task per host under ``srun``), the
-  gateway and engines started on their own hosts (README, "Running on separate hosts"):
+  gateway and engines started on their own hosts (docs/clusters.md, "Running on separate hosts"):
   the same command without ``--process-id``, ``--num-processes`` and ``--coordinator``, so
   `jax.distributed.initialize` takes them from the environment it detects (``--cluster
   slurm`` | ``ompi`` | ``mpi4py`` | ... names the detector; by default JAX tries each), and
