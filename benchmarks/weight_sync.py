@@ -46,7 +46,8 @@ trainer's side and the engine's, whose worker logs its phases with each loaded v
 over the timed pushes; they may add up to more than `push_s` by what the bucket pipeline
 overlaps. `vllm_load_s` is the floor any push pays: after the last push the engine, still
 paused, loads the checkpoint's same tensors from memory through vLLM's own update session
-(start, `load_weights`, finish), alone (`rollout_engine.vllm.backend.LOAD_FLOOR_ENV`).
+(start, `load_weights`, finish), alone, 3 times; the median (`rollout_engine.vllm.backend.
+LOAD_FLOOR_ENV`).
 
 Data planes (`--data-plane`, one engine each, the gateway started with that transport): gloo,
 and shm (`transport.shm`: the trainer packs each version into a shared-memory segment under

@@ -156,11 +156,13 @@ class JaxrlWeightTransferEngine(WeightTransferEngine[JaxrlInitInfo, JaxrlUpdateI
         self.receiver.receive(manifest, load)
         self.phases.update(getattr(self.receiver, "phases", {}))
 
-    def load_floor(self, model_dir: str, dtype: torch.dtype) -> float:
+    def load_floor(self, model_dir: str, dtype: torch.dtype, repeats: int = 3) -> float:
         """Seconds of vLLM's own load of the checkpoint's tensors, read from `model_dir`'s
         safetensors into memory first (not timed), as a push's update session runs it:
-        start, `model.load_weights` of every tensor at once, finish. The floor that any
-        push pays on this engine; only for benchmarks (the engine must be paused)."""
+        start, `model.load_weights` of every tensor at once, finish; the median of
+        `repeats` loads. The floor that any push pays on this engine; only for benchmarks
+        (the engine must be paused)."""
+        import statistics
         from pathlib import Path
 
         from safetensors.torch import load_file
@@ -168,11 +170,14 @@ class JaxrlWeightTransferEngine(WeightTransferEngine[JaxrlInitInfo, JaxrlUpdateI
         tensors = []
         for path in sorted(Path(model_dir).glob("*.safetensors")):
             tensors += [(n, t.to(dtype)) for n, t in load_file(path).items()]
-        t0 = time.perf_counter()
-        self.start_weight_update()
-        self.model.load_weights(tensors)  # type: ignore[operator]
-        self.finish_weight_update()
-        return time.perf_counter() - t0
+        seconds = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            self.start_weight_update()
+            self.model.load_weights(tensors)  # type: ignore[operator]
+            self.finish_weight_update()
+            seconds.append(time.perf_counter() - t0)
+        return statistics.median(seconds)
 
     def refuse(self, manifest: dict[str, Any], reason: str) -> None:
         """Tell the sender this worker turns the version down (outside an update session)."""
