@@ -40,6 +40,15 @@ seconds of both ends over its wall seconds), `pack_cpu_s_per_gb` the packing's C
 the wire's and the packing's CPU time must both fit on them (the engine's load not counted).
 The references send whole tensors to one receiver, whatever `--tp` is.
 
+Where the push's seconds go (gloo; `push_phases` says how each part is timed, on the
+trainer's side and the engine's, whose worker logs its phases with each loaded version):
+`pack_s`, `wire_s`, `receive_copy_s`, `engine_load_s` and `commit_vote_s`, each the median
+over the timed pushes; they may add up to more than `push_s` by what the bucket pipeline
+overlaps. `vllm_load_s` is the floor any push pays: after the last push the engine, still
+paused, loads the checkpoint's same tensors from memory through vLLM's own update session
+(start, `load_weights`, finish), alone, 3 times; the median (`rollout_engine.vllm.backend.
+LOAD_FLOOR_ENV`).
+
 Data planes (`--data-plane`, one engine each, the gateway started with that transport): gloo,
 and shm (`transport.shm`: the trainer packs each version into a shared-memory segment under
 /dev/shm that the engine maps; whole tensors to every TP rank). `send_over_memcpy` is the
@@ -90,12 +99,14 @@ import jax.numpy as jnp
 import numpy as np
 import psutil
 from common import CPU_ENV, gloo_reference, memcpy_gb_per_s
+from push_phases import BREAKDOWN_KEYS, engine_phases, push_breakdown
 from stack import engine_stack
 
 from gateway import messages as m
 from gateway.client import GatewayClient
 from mappings.apply import params_to_engine
 from mappings.registry import get_family
+from rollout_engine.vllm.backend import LOAD_FLOOR_ENV
 from trainer.checkpoints.hf_io import load_hf_checkpoint
 from trainer.checkpoints.smollm2 import ensure_smollm2
 from trainer.checkpoints.tiny import make_tiny_checkpoint
@@ -233,15 +244,24 @@ def _bench_engine(
     """Start one engine and run each (data plane, tp_shards, bucket MiB) of `combos` (one data
     plane) on it: a warm-up push (its peak extra MB by process go to `first[combo]`) and
     `args.repeats` timed pushes (rows of (combo, PushStats, peak extra MB by process, memcpy
-    GB/s, payload bytes per TP rank) appended to `rows`), then, over gloo, the gloo references
-    of that bucket size (`common.gloo_reference`, whole tensors to one receiver) in
-    `refs[combo]`."""
+    GB/s, payload bytes per TP rank, the push's breakdown (`push_phases.push_breakdown`;
+    empty unless over gloo), vLLM's own load seconds) appended to `rows`), then, over gloo,
+    the gloo references of that bucket size (`common.gloo_reference`, whole tensors to one
+    receiver) in `refs[combo]`. Last, one more push, untimed, after which the engine
+    measures vLLM's own load of the checkpoint's tensors from memory (`LOAD_FLOOR_ENV`);
+    the engine's phases of every push come from its log."""
     num_params = sum(int(np.prod(v.shape)) for v in params.values())
     version = 0
+    floor_version = len(combos) * (args.repeats + 1) + 1  # one more push, untimed, at the end
+    os.environ[LOAD_FLOOR_ENV] = str(floor_version)  # the engine measures vLLM's own load then
+    mine: list = []  # this engine's rows (their engine phases are added at the end)
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         plane = combos[0][0]
-        stack = engine_stack(Path(tmp), model_dir, cfg.family, args.dtype, 256, args.tp, plane)
+        stack = engine_stack(
+            Path(tmp), model_dir, cfg.family, args.dtype, 256, args.tp, plane,
+            engine_args=("--log-level", "INFO"),  # its "loaded version" lines carry phases
+        )  # fmt: skip
         with stack as (trainer, engine):
             print(
                 f"{label}: {num_params / 1e6:.1f} M params; engine (TP {args.tp}) up in "
@@ -284,7 +304,7 @@ def _bench_engine(
                             first[combo] = peak.extra_mb
                         else:
                             memcpy = memcpy_gb_per_s(stats.num_bytes)
-                            rows.append((combo, stats, peak.extra_mb, memcpy, per_rank))
+                            mine.append((combo, stats, peak.extra_mb, memcpy, per_rank))
                     if plane != "gloo":
                         continue
                     ref = gloo_reference(
@@ -302,7 +322,24 @@ def _bench_engine(
                     refs[combo] = ref
                 finally:
                     publisher.close()
+            version += 1  # vLLM's own load of the same tensors from memory, alone
+            publisher = WeightPublisher(trainer, transport, cfg.family, cfg, args.dtype)
+            try:
+                publisher.push(params, version)
+            finally:
+                publisher.close()
             serve_one(trainer, f"{label}-after", version)
+        phases = engine_phases((Path(tmp) / "engine.log").read_text())
+    os.environ.pop(LOAD_FLOOR_ENV)
+    floor = phases[floor_version]["vllm_load_floor_s"]
+    print(f"  vLLM's own load of the same tensors from memory, alone: {floor:.3f} s")
+    for row in mine:
+        engine_side = phases[row[1].version]
+        parts = push_breakdown(row[1], engine_side) if plane == "gloo" else {}
+        rows.append((*row, parts, floor))
+        if parts:
+            shown = {k: round(v, 3) for k, v in parts.items()}
+            print(f"  v{row[1].version} breakdown (s): {shown} of {row[1].seconds:.3f}")
 
 
 def _engine_tensors(cfg: Any, params: dict, dtype: str):
@@ -326,14 +363,15 @@ def _summary(
 ) -> dict:
     """One (data plane, tp_shards, bucket MiB)'s figures from its timed pushes (rows of
     (combo, PushStats, peak extra MB by process, memcpy GB/s measured right after the push,
-    payload bytes per TP rank)), its warm-up push's peak extra MB by process and, over gloo,
-    its gloo references (`common.gloo_reference`)."""
+    payload bytes per TP rank, breakdown by part, vLLM's own load seconds)), its warm-up
+    push's peak extra MB by process and, over gloo, its gloo references
+    (`common.gloo_reference`)."""
     plane, shards, mb = combo
-    secs = statistics.median(s.seconds for _, s, _, _, _ in rows)
-    send = statistics.median(s.send_s for _, s, _, _, _ in rows)
+    secs = statistics.median(s.seconds for _, s, *_ in rows)
+    send = statistics.median(s.send_s for _, s, *_ in rows)
     num_bytes = rows[0][1].num_bytes
-    ratio = statistics.median(s.gb_per_s / c for _, s, _, c, _ in rows)
-    extra = {k: max(e[k] for _, _, e, _, _ in rows) for k in rows[0][2]}
+    ratio = statistics.median(s.gb_per_s / c for _, s, _, c, *_ in rows)
+    extra = {k: max(e[k] for _, _, e, *_ in rows) for k in rows[0][2]}
     engine = {k: v for k, v in extra.items() if k.startswith("engine")}
     out = {
         "data_plane": plane,
@@ -346,10 +384,10 @@ def _summary(
         "push_s": round(secs, 3),
         "push_gb_per_s": round(num_bytes / secs / 1e9, 3),
         "send_gb_per_s": round(num_bytes / send / 1e9, 3),
-        "memcpy_gb_per_s": round(statistics.median(c for _, _, _, c, _ in rows), 3),
+        "memcpy_gb_per_s": round(statistics.median(c for _, _, _, c, *_ in rows), 3),
         "ratio_vs_memcpy": round(ratio, 4),
         "send_over_memcpy": round(
-            statistics.median(s.send_gb_per_s / c for _, s, _, c, _ in rows), 4
+            statistics.median(s.send_gb_per_s / c for _, s, _, c, *_ in rows), 4
         ),
         "trainer_peak_extra_mb": round(extra["trainer"], 1),
         "engine_peak_extra_mb": {k: round(v, 1) for k, v in engine.items()},
@@ -358,7 +396,11 @@ def _summary(
         "first_push_engine_tree_extra_mb": round(
             sum(v for k, v in first.items() if k.startswith("engine")), 1
         ),
+        "vllm_load_s": round(rows[0][6], 3),
     }
+    if rows[0][5]:  # the breakdown of a gloo push (`push_phases`): medians over the pushes
+        for key in BREAKDOWN_KEYS:
+            out[key] = round(statistics.median(r[5][key] for r in rows), 4)
     if ref is not None:
         raw = ref["raw_gloo_gb_per_s"]
         out["raw_gloo_gb_per_s"] = round(raw, 3)

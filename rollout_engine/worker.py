@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import time
 from collections import defaultdict
@@ -400,7 +401,10 @@ class EngineWorker:
             return
         self._failed = False
         self.stats.updates.append(stats)
-        log.info("loaded version %d in %.2f s", v, time.monotonic() - t0)
+        log.info(
+            "loaded version %d in %.2f s; phases %s",
+            v, time.monotonic() - t0, json.dumps({k: round(x, 4) for k, x in stats.phases.items()}),
+        )  # fmt: skip
         nxt = await self._call(self.client.ack_version, self.engine_id, v, "loaded", seq=d.seq)
         if nxt is not None:
             self._offer(nxt)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mappings.shards import Region
@@ -55,6 +55,10 @@ class SendStats:
         seconds: wall time of the whole send, manifest to commit.
         wire_bytes: bytes the transport moved or stored for it, when they differ from
             `num_bytes` (a compressed delta, `transport.file_delta`); None: `num_bytes`.
+        phases: seconds of `seconds` by phase, where the transport times them (a collective
+            sender: "offer_s" the manifest offer and accept vote, "pack_s" packing the
+            buckets, "wire_s" waiting for them on the wire beyond the packing, "commit_s"
+            the commit vote, which waits for the receivers' last load); empty otherwise.
     """
 
     version: int
@@ -62,6 +66,7 @@ class SendStats:
     num_buckets: int
     seconds: float
     wire_bytes: int | None = None
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def gb_per_s(self) -> float:

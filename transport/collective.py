@@ -259,6 +259,7 @@ class _Group:
         self.pg = pg
         self.device = device
         self.timeout_s = timeout_s
+        self.wait_s = 0.0  # seconds spent in `wait` so far (phase timing of a send/receive)
 
     def broadcast_start(self, t: torch.Tensor) -> list[Any]:
         """Start broadcasting `t` from rank 0 (every rank calls it, in the same order)."""
@@ -285,8 +286,10 @@ class _Group:
         """
         import datetime
 
+        t0 = time.monotonic()
         for w in works:
             w.wait(datetime.timedelta(seconds=self.timeout_s))
+        self.wait_s += time.monotonic() - t0
 
     def broadcast(self, t: torch.Tensor) -> None:
         self.wait(self.broadcast_start(t))
@@ -365,10 +368,12 @@ class CollectiveSender(WeightSender):
                 raise TransferError(
                     f"a receiver refused the manifest of version {manifest.version}"
                 )
+            t1, waited = time.perf_counter(), g.wait_s
             if manifest.senders > 1:
                 n, num_bytes = self._stream_fan_in(manifest, tensors)
             else:
                 n, num_bytes = self._stream(manifest, tensors), manifest.total_bytes
+            t2, wire = time.perf_counter(), g.wait_s - waited
             if g.all_min(1) != 1:
                 raise TransferError(f"a receiver failed to load version {manifest.version}")
         except TransferError:
@@ -379,7 +384,10 @@ class CollectiveSender(WeightSender):
         except ManifestError as e:  # tensors that do not fit: the peers must not wait
             failure, kind = str(e), ManifestError
         else:
-            return SendStats(manifest.version, num_bytes, n, time.perf_counter() - t0)
+            t3 = time.perf_counter()
+            phases = {"offer_s": t1 - t0, "pack_s": t2 - t1 - wire, "wire_s": wire}
+            phases["commit_s"] = t3 - t2
+            return SendStats(manifest.version, num_bytes, n, t3 - t0, phases=phases)
         g = None  # noqa: F841 - this frame's reference goes with the group's
         _release(self)
         raise kind(failure)
@@ -472,12 +480,18 @@ def _keep_in_flight(g: _Group, inflight: deque[list[Any]], works: list[Any]) -> 
 
 
 class CollectiveReceiver(WeightReceiver):
-    """Rank >= 1 of a broadcast group; subclasses build the process group in `_make_group`."""
+    """Rank >= 1 of a broadcast group; subclasses build the process group in `_make_group`.
+
+    After each `receive`, `phases` holds its seconds by phase: "wait_s" (waiting for the
+    buckets' bytes), "copy_s" (unpacking them), "load_s" (the `on_bucket` callback) and
+    "commit_s" (the commit vote).
+    """
 
     device = "cpu"
 
     def __init__(self) -> None:
         self._group: _Group | None = None
+        self.phases: dict[str, float] = {}
 
     def _make_group(self) -> _Group:
         raise NotImplementedError
@@ -537,6 +551,7 @@ class CollectiveReceiver(WeightReceiver):
                 raise TransferError(f"another receiver refused version {manifest.version}")
             failure: BaseException | None = None
             pending: _Posted | None = None
+            self.phases = {"wait_s": 0.0, "copy_s": 0.0, "load_s": 0.0}
             for bucket in manifest.buckets():
                 posted = self._post_bucket(manifest, bucket)  # on the wire while k-1 loads
                 if pending is not None:
@@ -544,7 +559,9 @@ class CollectiveReceiver(WeightReceiver):
                 pending = posted
             if pending is not None:
                 failure = self._land(pending, on_bucket, failure)
+            t0 = time.perf_counter()
             ok = g.all_min(0 if failure is not None else 1)
+            self.phases["commit_s"] = time.perf_counter() - t0
         except TransferError:
             raise
         except RuntimeError as e:
@@ -629,16 +646,29 @@ class CollectiveReceiver(WeightReceiver):
         self, posted: _Posted, on_bucket: OnBucket, failure: BaseException | None
     ) -> BaseException | None:
         """Wait for a posted bucket and hand it to `on_bucket`, unless a bucket before it
-        failed to load (then only drain it). Returns the first load failure so far."""
+        failed to load (then only drain it). Returns the first load failure so far. Adds its
+        seconds to `phases`: "wait_s" (the wait for its bytes), "copy_s" (its views: the
+        unpacking, a copy where a sharded or fan-in bucket is scattered into place) and
+        "load_s" (`on_bucket`)."""
         g = self._group
         assert g is not None
+        t0 = time.perf_counter()
         g.wait(posted.works)
+        t1 = time.perf_counter()
+        self.phases["wait_s"] += t1 - t0
         if failure is not None:
             return failure
+        t2 = t1
         try:
-            on_bucket(posted.views())
+            views = posted.views()
+            t2 = time.perf_counter()
+            on_bucket(views)
         except Exception as e:  # keep draining so the group stays in step
             return e
+        finally:
+            t3 = time.perf_counter()
+            self.phases["copy_s"] += (t2 if t2 > t1 else t3) - t1
+            self.phases["load_s"] += t3 - t2 if t2 > t1 else 0.0
         return None
 
 

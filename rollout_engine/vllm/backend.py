@@ -16,6 +16,12 @@ instead ("wait") would bring back the straggler stall this design exists to remo
 
 If the update fails after some tensors were loaded, the engine holds a mix of two versions:
 it stays paused, `weight_version` is None and `generate` refuses, until an update succeeds.
+
+Each update's `UpdateStats.phases` holds its seconds by phase (`_load`; a few clock reads and
+one RPC per update). With `JAXRL_LOAD_FLOOR_VERSION=N` in the environment, the update to
+version N then measures, still paused, vLLM's own load of the checkpoint's tensors from
+memory ("vllm_load_floor_s", `transfer_engine.JaxrlWeightTransferEngine.load_floor`): for
+benchmarks, which push N last, untimed.
 """
 
 from __future__ import annotations
@@ -35,6 +41,10 @@ from rollout_engine.config import VllmOptions
 from rollout_engine.vllm.registry import ENGINE_NAME, register_transfer_engines
 from transport.expected import checkpoint_tensors, num_kv_heads
 from transport.manifest import Manifest, check_manifest
+
+#: Environment variable: the version after whose update the engine measures vLLM's own load
+#: of the checkpoint from memory (see the module docstring).
+LOAD_FLOOR_ENV = "JAXRL_LOAD_FLOOR_VERSION"
 
 
 class VllmBackendConfig(VllmOptions):
@@ -190,23 +200,30 @@ class VllmBackend(RolloutBackend):
                 raise
             await self.engine.pause_generation(mode="keep", clear_cache=True)
             t1 = time.perf_counter()
+            phases: dict[str, float] = {}
             try:
-                await self._load(manifest)
+                phases = await self._load(manifest)
+                if os.environ.get(LOAD_FLOOR_ENV) == str(manifest.version):
+                    floor = await self.engine.collective_rpc("jaxrl_load_floor")
+                    phases["vllm_load_floor_s"] = max(floor)
             finally:
                 if self._version is not None:
                     await self.engine.resume_generation()
             t2 = time.perf_counter()
-            phases = {"check": t1 - t0, "load": t2 - t1}
+            phases |= {"check": t1 - t0, "load": t2 - t1}
             return UpdateStats(manifest.version, manifest.total_bytes, t2 - t1, t2 - t0, phases)
 
-    async def _load(self, manifest: Manifest) -> None:
+    async def _load(self, manifest: Manifest) -> dict[str, float]:
         """start -> update -> finish(version) -> reset the prefix cache, engine paused.
 
         Sets `_version` to the new version on success; to None when the engine may hold a mix
-        (some buckets loaded before a failure, or stale cached KV).
+        (some buckets loaded before a failure, or stale cached KV). Returns its seconds by
+        phase: the workers' own (`JaxrlWorkerMixin.jaxrl_update_phases`, the maximum over
+        the TP workers of each), "reset_s" (the prefix-cache reset) and "update_s" (all of it).
         """
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
+        t0 = time.perf_counter()
         await self.engine.start_weight_update()
         request = WeightTransferUpdateRequest(update_info={"manifest": manifest.to_dict()})
         try:
@@ -218,9 +235,14 @@ class VllmBackend(RolloutBackend):
             raise
         self._version = None  # new weights in; not servable until the cache is clean
         await self.engine.finish_weight_update(weight_version=str(manifest.version))
+        t1 = time.perf_counter()
         if not await self.engine.reset_prefix_cache(reset_running_requests=True):
             raise RuntimeError(f"reset_prefix_cache failed after loading {manifest.version}")
         self._version = manifest.version
+        t2 = time.perf_counter()
+        per_worker = await self.engine.collective_rpc("jaxrl_update_phases")
+        phases = {k: max(p.get(k, 0.0) for p in per_worker) for k in per_worker[0]}
+        return phases | {"reset_s": t2 - t1, "update_s": t2 - t0}
 
     async def shutdown(self) -> None:
         """Stop the engine (its worker processes included): vLLM's engine-core process gets

@@ -13,6 +13,7 @@ vLLM's loaders still do the fusing, vocab padding and CPU weight re-packing.
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +65,7 @@ class JaxrlWeightTransferEngine(WeightTransferEngine[JaxrlInitInfo, JaxrlUpdateI
         super().__init__(config, vllm_config, device, model)
         self.receiver: WeightReceiver | None = None
         self.buckets_loaded = 0  # buckets loaded in the current update session
+        self.phases: dict[str, float] = {}  # the last update's seconds by phase (`phases`)
 
     def init_transfer_engine(self, init_info: JaxrlInitInfo) -> None:
         """Join the group (blocks until the sender and every worker joined, or timeout)."""
@@ -83,15 +85,19 @@ class JaxrlWeightTransferEngine(WeightTransferEngine[JaxrlInitInfo, JaxrlUpdateI
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
         self.buckets_loaded = 0
+        t0 = time.perf_counter()
         initialize_layerwise_reload(self.model)
+        self.phases = {"start_s": time.perf_counter() - t0}
 
     def finish_weight_update(self) -> None:
         """Finalize the layerwise reload (layers that got nothing keep their tensors), then
         re-process tied embedding layers (see `_reprocess_tied_embeddings`)."""
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
+        t0 = time.perf_counter()
         finalize_layerwise_reload(self.model, self.model_config)
         _reprocess_tied_embeddings(self.model)
+        self.phases["finish_s"] = time.perf_counter() - t0
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         """Receive one version (or refuse it); no device sync needed on CPU."""
@@ -148,6 +154,30 @@ class JaxrlWeightTransferEngine(WeightTransferEngine[JaxrlInitInfo, JaxrlUpdateI
             self.model.load_weights(bucket)  # type: ignore[operator]
 
         self.receiver.receive(manifest, load)
+        self.phases.update(getattr(self.receiver, "phases", {}))
+
+    def load_floor(self, model_dir: str, dtype: torch.dtype, repeats: int = 3) -> float:
+        """Seconds of vLLM's own load of the checkpoint's tensors, read from `model_dir`'s
+        safetensors into memory first (not timed), as a push's update session runs it:
+        start, `model.load_weights` of every tensor at once, finish; the median of
+        `repeats` loads. The floor that any push pays on this engine; only for benchmarks
+        (the engine must be paused)."""
+        import statistics
+        from pathlib import Path
+
+        from safetensors.torch import load_file
+
+        tensors = []
+        for path in sorted(Path(model_dir).glob("*.safetensors")):
+            tensors += [(n, t.to(dtype)) for n, t in load_file(path).items()]
+        seconds = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            self.start_weight_update()
+            self.model.load_weights(tensors)  # type: ignore[operator]
+            self.finish_weight_update()
+            seconds.append(time.perf_counter() - t0)
+        return statistics.median(seconds)
 
     def refuse(self, manifest: dict[str, Any], reason: str) -> None:
         """Tell the sender this worker turns the version down (outside an update session)."""

@@ -1,5 +1,5 @@
 """What our vLLM worker classes add: registration of our transfer engine before the worker
-is built, and two RPCs for the update path.
+is built, RPCs for the update path and the update's phase seconds.
 
 vLLM spawns its workers, so a registration done in the front end does not reach them; the
 classes in `workers_cpu.py` / `workers_gpu.py` call `register_transfer_engines()` first thing
@@ -13,7 +13,21 @@ from typing import Any
 
 
 class JaxrlWorkerMixin:
-    """RPCs (called through `AsyncLLM.collective_rpc`) for refusing and aborting updates."""
+    """RPCs (called through `AsyncLLM.collective_rpc`) for refusing and aborting updates and
+    for the seconds of the last one."""
+
+    def jaxrl_update_phases(self) -> dict[str, float]:
+        """The last update's seconds by phase on this worker: "start_s", "finish_s" (vLLM's
+        layerwise reload set up and finalized) and the receiver's (`transport.collective.
+        CollectiveReceiver`: "wait_s", "copy_s", "load_s", "commit_s")."""
+        return dict(self.weight_transfer_engine.phases)  # type: ignore[attr-defined]
+
+    def jaxrl_load_floor(self) -> float:
+        """Seconds of vLLM's load of the checkpoint's tensors from memory on this worker
+        (`JaxrlWeightTransferEngine.load_floor`); the engine must be paused."""
+        engine = self.weight_transfer_engine  # type: ignore[attr-defined]
+        cfg = engine.model_config
+        return float(engine.load_floor(cfg.model, cfg.dtype))
 
     def jaxrl_refuse_update(self, manifest: dict[str, Any], reason: str) -> str:
         """Make the sender fail fast: join the offer and vote no. Returns the reason."""

@@ -120,6 +120,9 @@ class PushStats:
         attempts: data-plane groups it took (1 + the re-plans after members died).
         sent_bytes: payload bytes this process sent in the attempt that committed (a
             broadcast counted once; with several trainer processes, only its own blocks).
+        send_phases: seconds of `send_s` by phase where the transport times them
+            (`transport.base.SendStats.phases`: for gloo/NCCL "offer_s", "pack_s",
+            "wire_s", "commit_s"); empty otherwise.
     """
 
     version: int
@@ -135,6 +138,7 @@ class PushStats:
     dropped: tuple[str, ...] = ()
     attempts: int = 1
     sent_bytes: int = 0
+    send_phases: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def gb_per_s(self) -> float:
@@ -402,7 +406,7 @@ class WeightPublisher:
         return PushStats(
             version, plan.manifest.total_bytes, len(self._shapes), send.num_buckets, ids,
             t1 - t0, t2 - t1, t3 - t2, t3 - t0, plan.manifest.tp_size,
-            sent_bytes=send.num_bytes,
+            sent_bytes=send.num_bytes, send_phases=send.phases,
         )  # fmt: skip
 
     def _push(self, params: Mapping, version: int) -> PushStats:
@@ -456,7 +460,7 @@ class WeightPublisher:
             stats = PushStats(
                 version, plan.manifest.total_bytes, len(self._shapes), send.num_buckets, ids,
                 t1 - t0, t2 - t1, t3 - t2, t3 - t0, plan.manifest.tp_size,
-                tuple(lost + gone_late), attempt + 1, send.num_bytes,
+                tuple(lost + gone_late), attempt + 1, send.num_bytes, send.phases,
             )  # fmt: skip
             log.info(
                 "pushed version %d: %.1f MB to %d engines in %.2f s (send %.2f GB/s)",

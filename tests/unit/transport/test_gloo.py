@@ -207,3 +207,20 @@ def test_sender_reuses_its_two_bucket_slots_across_buckets_and_pushes(group):
         # buckets held between pushes, not one per bucket
         assert sender._pool.nbytes == max(sizes[0], sizes[2]) + sizes[1]
     assert ptrs[0] == ptrs[1]
+
+
+def test_both_ends_time_their_phases_within_the_send(group):
+    sender, receivers = group
+    w = _weights(7)
+    m = _manifest(w, 7, 64 * 16 * 4)  # 3 buckets
+    res = run_in_threads(
+        [lambda: sender.send(m, w.items())] + [lambda r=r: _collect(r, m) for r in receivers]
+    )
+    stats = res[0]
+    assert set(stats.phases) == {"offer_s", "pack_s", "wire_s", "commit_s"}
+    assert min(stats.phases.values()) >= 0
+    # the four phases tile the send: their sum is its seconds (up to float rounding)
+    assert sum(stats.phases.values()) == pytest.approx(stats.seconds, abs=1e-6)
+    for r in receivers:
+        assert set(r.phases) == {"wait_s", "copy_s", "load_s", "commit_s"}
+        assert min(r.phases.values()) >= 0
