@@ -46,7 +46,7 @@ def _merge_logprobs(pb: rpb.Completion, logprobs: np.ndarray) -> None:
     """Append float32 [L] log-probs to `pb.logprobs` as one packed field: the tag, the byte
     length as a base-128 varint, then the values as 4-byte little-endian floats (the wire
     format's rule for packed repeated floats, protobuf.dev "Encoding"), bit for bit, without
-    L Python floats (4,096 log-probs: about 10 µs, against about 300 µs through a list)."""
+    L Python floats (far faster than building them through a list)."""
     payload = np.asarray(logprobs, dtype="<f4").tobytes()
     if payload:
         pb.MergeFromString(_LOGPROBS_TAG + _varint(len(payload)) + payload)

@@ -111,7 +111,7 @@ def check_completion(
         )
     if n > max_new_tokens:
         raise invalid(f"{where}: expected at most max_new_tokens={max_new_tokens}, got {n}")
-    if n:  # numpy reads the repeated fields through the buffer protocol: ~100x faster
+    if n:  # numpy reads the repeated fields through the buffer protocol, far faster than a loop
         ids, lps = np.asarray(completion.token_ids), np.asarray(completion.logprobs)
         if ids.min() < 0:
             raise invalid(f"{where}: expected token ids >= 0, got {ids.min()}")

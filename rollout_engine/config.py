@@ -66,7 +66,7 @@ class VllmOptions(BaseModel):
     seed: int = 0
     shutdown_s: float = Field(default=1.0, ge=0)
     """Seconds vLLM's engine-core process gets to exit after the engine stops before it is
-    killed (vLLM's own default, 5 s per process, made a SIGTERM take about 2 s past --stop-s
+    killed (vLLM's own default, 5 s per process, made a SIGTERM take seconds past --stop-s
     even when idle on CPU)."""
 
 

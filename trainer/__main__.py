@@ -1,7 +1,7 @@
 """`python -m trainer COMMAND`:
 
 - ``train --config configs/NAME.yaml [key=value ...]``: the main job (gateway, engines and
-  trainer on this machine, or the trainer alone with ``launch.gateway=HOST:PORT``); the config
+  trainer on the local machine, or the trainer alone with ``launch.gateway=HOST:PORT``); the config
   is validated before any heavy import, so ``--help`` and a bad key answer at once;
 - ``eval --model M --data D [--engine vllm|jax] [--samples k] ...``: pass@k, maj@k and lengths of
   a checkpoint on a benchmark or any JSONL, through the engines the main job starts

@@ -63,10 +63,8 @@ class TrainerSection(_Section):
     attention_block: int = Field(default=512, ge=0)
     """Tokens per block of the train step's attention: a batch padded longer than this
     attends blockwise (`trainer.models.blockwise`, memory O(L · block) instead of O(L²));
-    shorter ones take the dense path. 0: always dense. Measured
-    (`benchmarks/attention_memory.py`, SmolLM2's attention, fp32, CPU): at L = 4096 a block of
-    512 needs 0.16 of the dense path's temporary bytes and 0.70 of its time; at L = 1024 about
-    equal."""
+    shorter ones take the dense path. 0: always dense. The memory and time against the dense
+    path are measured in `benchmarks/attention_memory.py`."""
     seed: int = 0
     """Seed of the trainer's RNG and of the problem order."""
     run_dir: str = "runs/default"

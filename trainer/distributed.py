@@ -17,27 +17,27 @@ here before JAX's backend starts.
 
 Faults: joining is bounded by `init_timeout_s`. JAX itself does not raise when the group does
 not form: its client aborts the process (SIGABRT, "DEADLINE_EXCEEDED ... RegisterTask", no
-address: measured here), and while it waits it holds the interpreter, so no Python timer can
-run (measured: a `threading.Timer` never fired). So the process first prints one line naming
+address: observed), and while it waits it holds the interpreter, so no Python timer can
+run (observed: a `threading.Timer` never fired). So the process first prints one line naming
 the coordinator, this process, the count and the deadline to stderr, then arms
 `faulthandler.dump_traceback_later` (a C watchdog thread that needs no interpreter): at the
 deadline it dumps the stack ("Timeout (0:00:08)!", inside `jax.distributed.initialize`) and
 exits the process with `EXIT_INIT_TIMEOUT` (1, the code faulthandler exits with); JAX's own
 deadline is set `INIT_GRACE_S` later. Errors JAX does raise (a
 bad address) become `DistributedInitError`. After the join, JAX's coordination service watches
-heartbeats. When process 0 (the coordinator) dies, the others are terminated by JAX within
-about a second ("the leader task was preempted/died"). When another process dies, the service
+heartbeats. When process 0 (the coordinator) dies, the others are terminated by JAX at once
+("the leader task was preempted/died"). When another process dies, the service
 notices after `heartbeat_timeout_s` without its heartbeat and terminates the rest with "The
-following tasks are unhealthy (stopped sending heartbeats): K" (measured here, SIGKILL of one
-of two CPU processes: within 60 s at a 10 s timeout; at 100 s the survivor instead fails at
-the next barrier it reaches). The launcher does not wait for either: it sees a trainer process
+following tasks are unhealthy (stopped sending heartbeats): K" (observed with a SIGKILL of one
+of two CPU processes at a short timeout; at the default the survivor may instead fail at the
+next barrier it reaches). The launcher does not wait for either: it sees a trainer process
 exit and stops the job (`trainer.launch.trainer_processes`). The timeout defaults to JAX's
-100 s: at 20 s, one CI run on a loaded 2-core host saw the service declare both live processes
+100 s: a short timeout has made the service declare both live processes of a loaded host
 dead at once (a stall of the whole host) and abort a healthy job; a short timeout trades a
 hung process found sooner for healthy jobs killed under load. A survivor never waits in a
 collective for a peer that is gone.
 (JAX's "recoverable" mode would let the survivor live on, and it then hangs in the next gloo
-collective: measured here; it is not used.)
+collective: observed; it is not used.)
 """
 
 from __future__ import annotations

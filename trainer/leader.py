@@ -103,7 +103,7 @@ class OpChannel:
 
 
 def gather_params(model_or_params: Any) -> dict[str, np.ndarray]:
-    """Every param whole on this host (numpy, by dot path), from params sharded over the
+    """Every param whole in this process (numpy, by dot path), from params sharded over the
     processes' devices. A collective: every trainer process must call it at the same point.
     The push path of the file and shm data planes with several trainer processes (over gloo,
     NCCL and jax_transfer each process sends its own blocks instead,

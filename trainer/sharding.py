@@ -113,7 +113,7 @@ def put(x: jax.Array | np.ndarray, sharding: NamedSharding) -> jax.Array:
 
 
 def host_value(x: jax.Array) -> np.ndarray:
-    """The value of a replicated (or fully addressable) array on this host, with one process
+    """The value of a replicated (or fully addressable) array in this process, with one process
     or many (a replica that spans processes is read from this process's first shard).
 
     Raises:

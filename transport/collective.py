@@ -21,10 +21,9 @@ trainer's packing and the engine's load. Both sides issue the same collectives i
 order (gloo matches broadcasts by their sequence, point-to-point messages in the order they
 were sent), and each side waits for every one before the commit. Where packing, the wire and
 the engine's load use different resources (a GPU's copy engines and NIC) this hides all but
-the slowest; on the 2-core CPU host every stage needs the same two cores and the measured
-push did not change (SmolLM2 bf16 into vLLM, 64 MiB buckets, `benchmarks/weight_sync.py`,
-two runs each way: 1.214 and 1.149 s before, 1.227 and 1.210 s after), vLLM's own load
-(its layerwise reload and oneDNN repacking, about 0.63 s of it) being most of it.
+the slowest; on a CPU host where every stage needs the same cores the push does not get
+faster (`benchmarks/weight_sync.py`), vLLM's own load (its layerwise reload and oneDNN
+repacking) being most of it.
 A timeout or a broken connection leaves the group out of step: close both ends and reconnect.
 Either end releases its process group the moment a collective fails (`_release`): gloo closes
 a group's connections only when the group is destroyed (`abort` and `shutdown` leave them
@@ -228,7 +227,7 @@ def await_receivers(
 
 
 def local_address_towards(host: str, port: int) -> str:
-    """This machine's address on the interface that routes to (host, port): where a receiver
+    """The local machine's address on the interface that routes to (host, port): where a receiver
     binds its gloo device so the sender can reach it (no packet is sent)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_DGRAM) as probe:

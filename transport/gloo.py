@@ -58,7 +58,7 @@ class GlooSender(CollectiveSender):
             1..senders-1 like receivers do.
 
     Raises:
-        OSError: no port of the range is free (or `host` is not this machine's).
+        OSError: no port of the range is free (or `host` is not the local machine's).
     """
 
     def __init__(

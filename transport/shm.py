@@ -112,7 +112,7 @@ class _SegmentRegions(BufferPool):
 class ShmSender(FolderSender):
     """Writes each version as a segment under `root` and commits it by a rename (see
     `FolderSender`; `root` is a folder on a tmpfs, e.g. /dev/shm/jaxrl-RUN, that every engine
-    of this host sees at the same path, and belongs to this run's trainer)."""
+    of the local host sees at the same path, and belongs to this run's trainer)."""
 
     def __init__(self, root: str | os.PathLike, keep: int = 2) -> None:
         super().__init__(root, keep)
@@ -144,7 +144,7 @@ class ShmSender(FolderSender):
                     f"{size / 2**20:.1f} MiB ({e.strerror})"
                 ) from None
             # MAP_POPULATE: the pages fallocate reserved are mapped in one go, not faulted in
-            # one by one while packing (measured here: 0.055 s -> 0.023 s for 269 MB)
+            # one by one while packing (faster packing)
             flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
             mm = mmap.mmap(fd, size, flags, mmap.PROT_READ | mmap.PROT_WRITE)
             try:

@@ -259,8 +259,8 @@ def cpu_env_defaults(cfg: VllmOptions, cpus: Sequence[int]) -> dict[str, str]:
     when there are fewer CPUs than ranks) and no CPU reserved (``VLLM_CPU_NUM_OF_RESERVED_CPU=0``).
 
     vLLM's own default ("auto") reserves one CPU per TP rank on x86 for its scheduler process
-    and gives the rest to the worker: on a 2-core machine the engine then computes on one core
-    (`benchmarks/rollout_throughput.py` measured 487 against 744 tokens/s with these values).
+    and gives the rest to the worker: on a machine of few cores the engine then computes on
+    fewer of them and is slower (measured in `benchmarks/rollout_throughput.py`).
     """
     cpus = list(cpus)
     tp = cfg.tensor_parallel_size

@@ -136,7 +136,7 @@ class EvalSection(_Section):
 
 
 class LaunchSection(_Section):
-    """The processes the launcher starts on this machine."""
+    """The processes the launcher starts on the local machine."""
 
     num_engines: int = Field(default=1, ge=1)
     """Engine processes."""
@@ -168,7 +168,7 @@ class LaunchSection(_Section):
     """Devices of the trainer's mesh (GPU: the ids after the engines'); with
     trainer_processes > 1, the devices of each trainer process."""
     trainer_processes: int = Field(default=1, ge=1)
-    """Trainer processes on this machine, joined under jax.distributed (one global mesh over
+    """Trainer processes on the local machine, joined under jax.distributed (one global mesh over
     all their devices; `trainer.launch.trainer_processes`); 1: the trainer runs in the
     launching process itself."""
     trainer_heartbeat_timeout_s: int = Field(default=100, ge=1)
@@ -198,7 +198,7 @@ class LaunchSection(_Section):
     host: str = "127.0.0.1"
     """Interface the gateway listens on."""
     data_plane_host: str = "127.0.0.1"
-    """Address engines reach the trainer's data-plane rendezvous at (this host's, as seen by
+    """Address engines reach the trainer's data-plane rendezvous at (the local host's, as seen by
     them)."""
     data_plane_port: int = Field(default=0, ge=0, le=65535)
     """TCP port of the data plane's rendezvous store (on data_plane_host only); 0 picks a free

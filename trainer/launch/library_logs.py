@@ -1,7 +1,7 @@
 """Where the libraries' own log lines go during a job: ``RUN_DIR/logs/trainer.log``, not the
 terminal, so they are not glued onto the progress bar.
 
-absl (and orbax, which logs through absl: "Waiting for previous save to complete took 8.7
+absl (and orbax, which logs through absl: "Waiting for previous save to complete took N
 seconds...") and JAX log warnings that say nothing the user must act on; the run keeps them
 in the file. The job's own loggers (trainer, gateway, rollout_engine) still print.
 """

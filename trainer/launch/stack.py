@@ -1,4 +1,4 @@
-"""The serving side of a job on this machine: the gateway process and N engine processes.
+"""The serving side of a job on the local machine: the gateway process and N engine processes.
 
 `start_gateway` writes fresh tokens to ``RUN_DIR/tokens.txt``, starts ``python -m gateway
 serve`` and returns its address once the port file appears and the gateway answers.

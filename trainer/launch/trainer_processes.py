@@ -1,4 +1,4 @@
-"""``launch.trainer_processes=P``: the launcher starts P trainer processes on this machine.
+"""``launch.trainer_processes=P``: the launcher starts P trainer processes on the local machine.
 
 Design. The launcher (the ``python -m trainer train`` process the user started) stays out of
 the `jax.distributed` group: it starts the gateway and the engines as with one trainer, then P
@@ -23,7 +23,7 @@ What the launcher does while they run (`run_trainer_processes`):
   the job ends: process 0 then exits at once (status 143), even while it waits on the gateway
   or on a lost peer;
 - the first trainer process to exit with a non-zero status is the lost one: JAX ends the
-  others within about a second (measured), and the launcher raises `TrainerProcessLost`
+  others promptly (observed), and the launcher raises `TrainerProcessLost`
   naming it (its id, pid, exit status, log), after which `ProcessSet` stops every child.
 Process 0 writes its result (the job summary's fields) to ``RUN_DIR/trainer_result.json``.
 

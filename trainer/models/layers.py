@@ -212,12 +212,11 @@ def decode_attention(
 
     Written out instead of the einsums of the prefill path (`btkgh,bskh->bkgts` and back):
     XLA's CPU backend lowers those batched dots (batch dims B and K, a [G, H] x [H, S] product
-    each) by first copying the cache into [B, K, H, S] order, then B·K tiny dots: a SmolLM2
-    decode step of 128 rows took 852 ms with the einsums, 601 ms with the multiply-reduce
-    (`benchmarks/rollout_throughput.py`, fp32, 2-core AMD EPYC). The softmax now runs where
-    the scores lie instead of on them transposed to [B, K, G, 1, S]: alone (30 layers of
-    SmolLM2's shapes, K 3, G 3, H 64, 192 slots, 128 rows) about 165 ms against 290, but the
-    whole decode step did not move beyond this host's noise (not profiled further).
+    each) by first copying the cache into [B, K, H, S] order, then B·K tiny dots; the
+    multiply-reduce makes the decode step faster (measured in
+    `benchmarks/rollout_throughput.py`). The softmax runs where the scores lie instead of on
+    them transposed to [B, K, G, 1, S], which is faster for the softmax alone; the whole decode
+    step did not measurably move (not profiled further).
     The products are taken in the engine's dtype and summed in float32, as before.
 
     Args:

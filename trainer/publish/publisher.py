@@ -365,8 +365,8 @@ class WeightPublisher:
 
     def _host_copy(self, params: Mapping) -> dict[str, np.ndarray]:
         """The engine tensors of `params` as host arrays, written into the previous copy's
-        buffers when they fit (no page faults after the first push: measured here for
-        SmolLM2-sized fp32 params, 540 MB: 0.70 s into fresh arrays, 0.10 s into kept ones)."""
+        buffers when they fit (no page faults after the first push, which made a copy into
+        fresh arrays several times slower than one into kept ones)."""
         old = self._last[1] if self._last is not None else {}
         out = {}
         for name, x in self._engine_tensors(params):
@@ -567,11 +567,11 @@ class WeightPublisher:
         buffer in its own dtype: no cast and no transposed copy is made here; the sender's
         packing copy (`transport.base.write_region`, one torch `copy_` into the
         bucket) casts to the wire dtype and transposes in one pass (bit-identical to JAX's
-        cast: both round to nearest even). Measured on this 2-core host for SmolLM2-135M
-        (bf16 wire, 269 MB, default bucket): cast in JAX + transposed copy + packing took
-        0.25 s, the one fused copy 0.155 s. Any other param (on an accelerator, or split over
-        devices) is cast to the wire dtype in JAX first, one tensor at a time, so only
-        wire-dtype bytes leave the device; its layout change is then a strided view too.
+        cast: both round to nearest even); the one fused copy is faster on CPU than a cast in
+        JAX, a transposed copy and the packing one after the other. Any other param (on an
+        accelerator, or split over devices) is cast to the wire dtype in JAX first, one tensor
+        at a time, so only wire-dtype bytes leave the device; its layout change is then a
+        strided view too.
         """
         view = HostView(params, jnp.dtype(self.dtype))
         yield from params_to_engine(self.family, self.cfg, view, self.jax_dims, contiguous=False)
