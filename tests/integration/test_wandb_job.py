@@ -93,7 +93,10 @@ def test_wandb_that_cannot_start_fails_the_job_before_any_process(tmp_path):
     assert "logging.wandb: wandb.init failed (mode=online" in done.stderr
     assert "No API key configured" in done.stderr
     run_dir = tmp_path / "run"
-    assert not (run_dir / "logs").exists()  # no gateway or engine was started
+    # no gateway or engine was started: the trainer's own logs only (library log lines and the
+    # error's traceback)
+    logs = sorted(p.name for p in (run_dir / "logs").iterdir())
+    assert set(logs) <= {"trainer.log", "trainer_error.log"}, logs
     assert not (run_dir / "metrics.jsonl").exists()
     summary = json.loads((run_dir / "job_summary.json").read_text())
     assert "logging.wandb" in summary["stop_reason"]
