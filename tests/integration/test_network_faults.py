@@ -142,33 +142,41 @@ def test_gateway_link_flap_then_an_engine_host_cut_mid_push_for_20_s(cluster_box
         t_end = time.time()  # the engines deregister when stopped below: not the run's events
     finally:
         job.stop()
-    assert codes == [0], job.log("trainer0")[-3000:]
+    assert codes == [0], job.log("trainer0")[-3000:] + job.log("engine1")[-2000:]
     events = [e for e in job.events() if e["t"] <= t_end]
-    first = {}
-    for e in events:
-        if e["event"] == "registered":
-            first.setdefault(e["engine"].split("-")[0], e["engine"])
-    engine_a, engine_b = first["engine0"], first["engine1"]
-    assert engine_b.startswith("engine1-node3")
-    dropped = [e for e in events if e["event"] == "dropped"]
-    assert dropped and {e["engine"] for e in dropped} == {engine_b}, dropped  # flap: nobody
-    assert "missed heartbeats" in dropped[0]["reason"] and dropped[0]["t"] > t_cut
-    assert not [e for e in events if e["event"] == "loaded" and e["engine"] == engine_b
-                and published["version"] <= e["version"] and e["t"] < t_cut + 20]  # fmt: skip
-    assert [e["engine"] for e in events if e["event"] == "leases_requeued"][:1] == [engine_b]
-    # back: engine B registers again (a new engine id, the same host), loads the version that
-    # is current then before its first lease, and serves
-    again = [e for e in events if e["event"] == "registered" and e["t"] > t_cut]
-    assert len(again) == 1 and again[0]["engine"].startswith("engine1-node3"), again
-    reborn = again[0]["engine"]
-    loads = [e for e in events if e["event"] == "loaded" and e["engine"] == reborn]
-    leases = [e for e in events if e["event"] == "leased" and e["engine"] == reborn]
-    assert loads and leases and loads[0]["t"] < leases[0]["t"]
-    assert loads[0]["version"] >= again[0]["current"]
-    assert all(e["weight_version"] >= loads[0]["version"] for e in leases)
-    later_a = [e for e in events if e["event"] == "loaded" and e["engine"] == engine_a]
-    assert max(e["version"] for e in later_a) == steps
-
+    try:
+        first = {}
+        for e in events:
+            if e["event"] == "registered":
+                first.setdefault(e["engine"].split("-")[0], e["engine"])
+        engine_a, engine_b = first["engine0"], first["engine1"]
+        assert engine_b.startswith("engine1-node3")
+        dropped = [e for e in events if e["event"] == "dropped"]
+        assert dropped and {e["engine"] for e in dropped} == {engine_b}, dropped  # flap: nobody
+        assert "missed heartbeats" in dropped[0]["reason"] and dropped[0]["t"] > t_cut
+        assert not [e for e in events if e["event"] == "loaded" and e["engine"] == engine_b
+                    and published["version"] <= e["version"] and e["t"] < t_cut + 20]  # fmt: skip
+        assert [e["engine"] for e in events if e["event"] == "leases_requeued"][:1] == [engine_b]
+        # back: engine B registers again (a new engine id, the same host), loads the version that
+        # is current then before its first lease, and serves
+        again = [e for e in events if e["event"] == "registered" and e["t"] > t_cut]
+        assert len(again) == 1 and again[0]["engine"].startswith("engine1-node3"), again
+        reborn = again[0]["engine"]
+        loads = [e for e in events if e["event"] == "loaded" and e["engine"] == reborn]
+        leases = [e for e in events if e["event"] == "leased" and e["engine"] == reborn]
+        assert loads and leases and loads[0]["t"] < leases[0]["t"]
+        assert loads[0]["version"] >= again[0]["current"]
+        assert all(e["weight_version"] >= loads[0]["version"] for e in leases)
+        later_a = [e for e in events if e["event"] == "loaded" and e["engine"] == engine_a]
+        assert max(e["version"] for e in later_a) == steps
+    except AssertionError as err:  # the whole story of the run, for a failure seen in CI only
+        story = "\n".join(
+            f"{e['t'] - t_cut:+8.2f} {e['event']} {e.get('engine', '')} v{e.get('version', '')} "
+            f"{e.get('reason', '')}"
+            for e in events
+            if e["event"] in ("registered", "dropped", "leases_requeued", "loaded", "published")
+        )
+        raise AssertionError(f"{err}\nevents (s after the cut):\n{story}") from err
     rows = jsonl_rows(job.run_dir / "metrics.jsonl")
     assert [(r["step"], r["version"]) for r in rows] == [(s, s) for s in range(1, steps + 1)]
     groups = jsonl_rows(job.run_dir / "groups.jsonl")
