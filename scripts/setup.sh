@@ -50,9 +50,11 @@ if [ "${JAXRL_SKIP_APT:-0}" != "1" ] && [ "$(id -u)" = "0" ] && command -v apt-g
   command -v munged >/dev/null || need+=(munge)
   command -v tc >/dev/null || need+=(iproute2)
   if [ ${#need[@]} -gt 0 ]; then
-    echo "setup: installing ${need[*]} (apt-get; the cluster-in-a-box tests need them)"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    say "installing ${need[*]} with apt-get (the cluster-in-a-box tests need them)"
+    apt-get update -qq || { sleep 5; apt-get update -qq; }
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" \
+      >/dev/null || { sleep 5; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends "${need[@]}" >/dev/null; }
   fi
 fi
 
