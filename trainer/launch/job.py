@@ -34,6 +34,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -192,6 +193,11 @@ def _run_job(job: JobConfig) -> dict[str, Any]:
                 raise refused from err
             if not launch.gateway:
                 start_engines(job, procs, address, token_file, model_path, max_len)
+                if launch.progress:  # the engines take a while to start: say so
+                    kinds = ", ".join(job.backend_of(i) for i in range(launch.num_engines))
+                    print(f"started the gateway and {launch.num_engines} engine(s) ({kinds}); "
+                          "waiting for them to register (vLLM takes about a minute)",
+                          file=sys.stderr, flush=True)  # fmt: skip
             if launch.trainer_processes > 1:  # P processes, out of this one
                 from trainer.launch.trainer_processes import run_trainer_processes
 

@@ -212,8 +212,17 @@ def format_summary(result: dict[str, Any]) -> str:
     if "wall_time_s" in result:
         lines.append(f"wall time {result['wall_time_s']:.0f} s")
     if result.get("plot"):
-        lines.append(f"plot: {result['plot']}")
+        lines.append(f"plot: {_shown(Path(result['plot']))}")
     return "\n".join(lines)
+
+
+def _shown(path: Path) -> Path:
+    """`path` relative to the working folder when it lies inside it (as the run folder is
+    printed), else as given."""
+    try:
+        return path.relative_to(Path.cwd())
+    except ValueError:
+        return path
 
 
 def failure_summary(run_dir: str | Path, err: BaseException, started: float) -> dict[str, Any]:

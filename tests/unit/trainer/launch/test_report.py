@@ -93,3 +93,15 @@ def test_failure_summary_and_stop_line(tmp_path):
             "filtered_zero_variance": 0, "filtered_aborted": 0, "in_flight": 4}  # fmt: skip
     text = format_summary({"loop": loop, "backend": "jax", "stop_reason": "interrupted (SIGINT)"})
     assert "stopped: interrupted (SIGINT); checkpoint at step 2 (rerun the same command" in text
+
+
+def test_the_plot_is_shown_relative_to_the_working_folder(tmp_path, monkeypatch):
+    from trainer.launch.report import format_summary
+
+    loop = {"steps": 1, "version": 1, "submitted": 1, "trained_groups": 1, "filtered_lag": 0,
+            "filtered_zero_variance": 0, "filtered_aborted": 0, "in_flight": 0}  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    inside = format_summary({"loop": loop, "backend": "jax", "plot": str(tmp_path / "r/p.png")})
+    assert inside.splitlines()[-1] == "plot: r/p.png"
+    outside = format_summary({"loop": loop, "backend": "jax", "plot": "/elsewhere/p.png"})
+    assert outside.splitlines()[-1] == "plot: /elsewhere/p.png"
