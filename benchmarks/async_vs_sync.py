@@ -7,7 +7,7 @@ long-tailed length mix: a JSONL task of two-term sums whose rows carry their own
 (``data.max_new_tokens_field``): one prompt in ten may take 8x the new tokens of the others
 (128 against 16; the random model rarely stops early, so nearly every completion runs to its
 budget). The long rows sit at every tenth position of the trainer's problem order
-(`trainer.rewards.problem_stream.ProblemStream`, seed trainer.seed), so each run sees the same
+(`trainer.data.problem_stream.ProblemStream`, seed trainer.seed), so each run sees the same
 mix, the first update included (the trainer compiles both padded lengths during warm-up).
 
 Figures per max_lag, over the updates after `--warmup` (compilation):
@@ -60,8 +60,8 @@ def write_task(path: Path, rows: int, short: int, factor: int, every: int, seed:
     """A JSONL task of `rows` two-term sums ("What is a + b?", answer a + b) whose ``budget``
     field is `short`, or `short * factor` for the rows the trainer's problem stream hands out at
     positions 0, every, 2*every, ... (its first epoch). Returns how many rows are long."""
-    from trainer.rewards.base import Problem
-    from trainer.rewards.problem_stream import ProblemStream
+    from trainer.data.problem import Problem
+    from trainer.data.problem_stream import ProblemStream
 
     stream = ProblemStream([Problem(str(i), "", "", "math") for i in range(rows)], seed=seed)
     long_rows = {int(stream.at(p).problem_id) for p in range(0, rows, every)}

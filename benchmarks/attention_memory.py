@@ -1,5 +1,5 @@
 """Peak memory and time of one attention layer's forward + backward: blockwise
-(`trainer.models.blockwise`) against the dense path, at several sequence lengths.
+(`models.blockwise`) against the dense path, at several sequence lengths.
 
 Memory is XLA's planned temporary allocation of the compiled gradient function
 (``compiled.memory_analysis().temp_size_in_bytes``: every intermediate buffer, excluding inputs
@@ -22,14 +22,14 @@ import jax
 import jax.numpy as jnp
 from common import compiled_temp_and_seconds
 
-from trainer.models.blockwise import blockwise_attention
-from trainer.models.config import ModelConfig
-from trainer.models.layers import dense_attention
-from trainer.models.scores import attention_mask
+from models.blockwise import blockwise_attention
+from models.config import ModelConfig
+from models.layers import dense_attention
+from models.scores import attention_mask
 
 
 def dense_path(q, k, v, positions, cfg: ModelConfig):  # noqa: ANN001, ANN201
-    """The dense path of `trainer.models.layers.Attention` without a cache."""
+    """The dense path of `models.layers.Attention` without a cache."""
     return dense_attention(q, k, v, attention_mask(positions, positions, None), cfg)
 
 

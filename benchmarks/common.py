@@ -27,11 +27,11 @@ CPU_ENV = {
 def model_path(name: str, tmp: Path) -> Path:
     """The HF folder of ``name``: "tiny" (a random tiny llama), "smollm2", or a folder."""
     if name == "tiny":
-        from trainer.checkpoints.tiny import make_tiny_checkpoint
+        from models.checkpoints.tiny import make_tiny_checkpoint
 
         return make_tiny_checkpoint(tmp / "tiny", "llama", vocab_size=320)
     if name == "smollm2":
-        from trainer.checkpoints.smollm2 import ensure_smollm2
+        from models.checkpoints.smollm2 import ensure_smollm2
 
         return ensure_smollm2()
     return Path(name)

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--cache", default="", help="JAXRL_CACHE_DIR (default: the usual one)")
     args = ap.parse_args(argv)
-    from trainer.checkpoints.smollm2 import cache_dir
+    from models.checkpoints.smollm2 import cache_dir
 
     cache = Path(args.cache) if args.cache else cache_dir()
     out: dict[str, object] = {"host": host_cpu(), "steps": args.steps}

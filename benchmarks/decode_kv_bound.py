@@ -27,11 +27,11 @@ import jax
 from common import model_path
 from flax import nnx
 
+from models.checkpoints.hf_io import load_hf_checkpoint
 from rollout_engine.jax.batcher import BatcherConfig, ContinuousBatcher
 from rollout_engine.jax.sampling import SamplingConfig
 from rollout_engine.jax.stops import StopConfig
 from rollout_engine.jax.types import Request
-from trainer.checkpoints.hf_io import load_hf_checkpoint
 
 
 def step_time(

@@ -38,10 +38,10 @@ import numpy as np
 import torch
 from train_step import build_model, dense_batch
 
+from models.params import flat_params
+from models.sharding import make_mesh
 from trainer.losses import make_loss
-from trainer.models.params import flat_params
 from trainer.optim import OptimizerConfig, make_optimizer
-from trainer.sharding import make_mesh
 from trainer.train_step import TrainStep
 from transport.base import as_torch
 from transport.config import FileTransportConfig

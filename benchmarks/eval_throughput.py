@@ -38,10 +38,10 @@ from common import model_path
 
 from gateway import messages as m
 from rollout_engine.backend import RolloutBackend
+from trainer.data.jsonl_problems import load_jsonl_problems
+from trainer.data.problem import Problem
 from trainer.eval.benchmarks import benchmark_file
 from trainer.launch.data import make_decoder, make_encoder
-from trainer.rewards.base import Problem
-from trainer.rewards.jsonl_problems import load_jsonl_problems
 
 
 def load_problems(names: list[str], limits: list[int]) -> dict[str, list[Problem]]:

@@ -77,7 +77,7 @@ TINY = dict(
 
 def model_config(small: bool, dtype: str = "bfloat16") -> Any:
     """The `ModelConfig` of SmolLM2's shape, or `TINY`'s with `small`."""
-    from trainer.models.config import ModelConfig
+    from models.config import ModelConfig
 
     return ModelConfig.from_hf(TINY if small else SMOLLM2, dtype=dtype)
 
@@ -110,10 +110,10 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
     from flax import nnx
     from train_step import TEMPERATURE, MatmulProbe, dense_batch, model_flops_per_position
 
+    from models.decoder import Decoder
+    from models.sharding import make_mesh
     from trainer.losses import make_loss
-    from trainer.models.decoder import Decoder
     from trainer.optim import OptimizerConfig, make_optimizer
-    from trainer.sharding import make_mesh
     from trainer.train_step import TrainStep
 
     rows, length = (8, 64) if args.small else (args.batch, args.seq_len)
@@ -154,12 +154,12 @@ def run_decode(args: argparse.Namespace) -> dict[str, Any]:
     from flax import nnx
     from rollout_throughput import decode_step
 
+    from models.decoder import Decoder
     from rollout_engine.jax.batcher import BatcherConfig
     from rollout_engine.jax.engine import EngineConfig, JaxEngine
     from rollout_engine.jax.sampling import SamplingConfig
     from rollout_engine.jax.stops import StopConfig
     from rollout_engine.jax.types import Request
-    from trainer.models.decoder import Decoder
 
     prompts_n, samples, new = (4, 2, 16) if args.small else (args.prompts, args.samples,
                                                              args.max_tokens)  # fmt: skip

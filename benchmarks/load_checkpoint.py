@@ -17,9 +17,9 @@ import jax
 import numpy as np
 from safetensors import safe_open
 
-from trainer.checkpoints.hf_io import load_hf_checkpoint
-from trainer.checkpoints.smollm2 import ensure_smollm2
-from trainer.models.params import flat_params
+from models.checkpoints.hf_io import load_hf_checkpoint
+from models.checkpoints.smollm2 import ensure_smollm2
+from models.params import flat_params
 
 
 def read_raw(path: Path) -> int:

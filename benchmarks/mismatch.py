@@ -40,7 +40,7 @@ def model_arg(name: str) -> str:
     """The job's ``model.path`` for `name`: "smollm2" (the real SmolLM2-135M-Instruct folder),
     "tiny" (the smoke run's random tiny model) or an HF folder."""
     if name == "smollm2":
-        from trainer.checkpoints.smollm2 import ensure_smollm2
+        from models.checkpoints.smollm2 import ensure_smollm2
 
         return str(ensure_smollm2())
     if name == "tiny":

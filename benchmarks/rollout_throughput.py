@@ -73,12 +73,12 @@ import numpy as np
 from common import CPU_ENV, model_path
 from flax import nnx
 
+from models.checkpoints.hf_io import load_hf_checkpoint
 from rollout_engine.jax.batcher import BatcherConfig, ContinuousBatcher
 from rollout_engine.jax.engine import EngineConfig, JaxEngine
 from rollout_engine.jax.sampling import SamplingConfig
 from rollout_engine.jax.stops import StopConfig
 from rollout_engine.jax.types import Request
-from trainer.checkpoints.hf_io import load_hf_checkpoint
 
 
 def make_prompts(n: int, vocab: int, seed: int = 0) -> list[tuple[int, ...]]:

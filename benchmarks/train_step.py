@@ -49,14 +49,14 @@ import numpy as np
 from flax import nnx
 
 from gateway.messages import Completion
+from models.config import ModelConfig
+from models.decoder import Decoder
+from models.params import flat_params
+from models.sharding import make_mesh
 from trainer.batch import RLBatch, build_rl_batch
 from trainer.losses import make_loss
-from trainer.models.config import ModelConfig
-from trainer.models.decoder import Decoder
-from trainer.models.params import flat_params
 from trainer.optim import OptimizerConfig, make_optimizer
 from trainer.rollouts import RolloutGroup
-from trainer.sharding import make_mesh
 from trainer.train_step import TrainStep
 
 SMALL = dict(
@@ -81,8 +81,8 @@ def build_model(name: str, dtype: str) -> Decoder:
     """`small`: a random Decoder of SMALL's shape; `smollm2`: the real checkpoint."""
     if name == "small":
         return Decoder(ModelConfig.from_hf(SMALL, dtype=dtype), rngs=nnx.Rngs(0))
-    from trainer.checkpoints.hf_io import load_hf_checkpoint
-    from trainer.checkpoints.smollm2 import ensure_smollm2
+    from models.checkpoints.hf_io import load_hf_checkpoint
+    from models.checkpoints.smollm2 import ensure_smollm2
 
     return load_hf_checkpoint(ensure_smollm2(), dtype=dtype)[1]
 

@@ -30,11 +30,11 @@ from gateway import messages as m
 from gateway.client import GatewayClient
 from gateway.config import GatewayConfig, RunSettings
 from gateway.server import GatewayServer
+from models.config import ModelConfig
+from models.decoder import Decoder
 from rollout_engine.backend import RolloutBackend, UpdateStats
 from rollout_engine.config import WorkerConfig
 from rollout_engine.worker import EngineWorker
-from trainer.models.config import ModelConfig
-from trainer.models.decoder import Decoder
 from trainer.publish import WeightPublisher
 from transport.base import WeightReceiver
 from transport.config import GlooTransportConfig, TransportConfig

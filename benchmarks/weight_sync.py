@@ -9,7 +9,7 @@ model's fp32 JAX params and pushing them with `trainer.publish.WeightPublisher` 
 prefix-cache reset). The engine serves a prompt before the pushes, and one at the last
 version after them (its rollout must be stamped with that version).
 
-Models: `smollm2` (the real SmolLM2-135M-Instruct, `trainer.checkpoints.smollm2`; 9 heads, 3
+Models: `smollm2` (the real SmolLM2-135M-Instruct, `models.checkpoints.smollm2`; 9 heads, 3
 KV heads: TP 1 or 3 only), `0.5b` (a random llama of 0.47B params written by
 `make_tiny_checkpoint`: D 1024, F 4096, 24 layers, 16 heads, 4 KV heads, V 49,152, untied) and
 `0.1b` (a random llama of 0.096B params: D 512, F 2048, 16 layers, 8 heads, 2 KV heads, V 32,768,
@@ -106,11 +106,11 @@ from gateway import messages as m
 from gateway.client import GatewayClient
 from mappings.apply import params_to_engine
 from mappings.registry import get_family
+from models.checkpoints.hf_io import load_hf_checkpoint
+from models.checkpoints.smollm2 import ensure_smollm2
+from models.checkpoints.tiny import make_tiny_checkpoint
+from models.params import flat_params
 from rollout_engine.vllm.backend import LOAD_FLOOR_ENV
-from trainer.checkpoints.hf_io import load_hf_checkpoint
-from trainer.checkpoints.smollm2 import ensure_smollm2
-from trainer.checkpoints.tiny import make_tiny_checkpoint
-from trainer.models.params import flat_params
 from trainer.publish import WeightPublisher
 from trainer.publish.host_views import HostView
 from transport.config import GlooTransportConfig, ShmTransportConfig

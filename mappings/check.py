@@ -207,7 +207,7 @@ def check_folder(
     """Checks `family` against an HF folder: config.json, safetensors headers, the JAX model's
     abstract param shapes (`with_jax`; False imports no JAX: an engine process checks its
     model so) and (`with_engine`, where vLLM is installed) vLLM's packed modules."""
-    from trainer.models.config import ModelConfig
+    from models.config import ModelConfig
 
     hf_config = json.loads((Path(folder) / "config.json").read_text())
     cfg = ModelConfig.from_hf(hf_config)
@@ -216,7 +216,7 @@ def check_folder(
     shapes = checkpoint_shapes(folder)
     jax_shapes = None
     if with_jax:
-        from trainer.models.params import abstract_params
+        from models.params import abstract_params
 
         jax_shapes = {k: tuple(v.shape) for k, v in abstract_params(cfg).items()}
     packed = vllm_packed_modules(hf_config) if with_engine else None

@@ -34,7 +34,7 @@ def hf_to_jax(
         hf_dims / jax_dims: symbol sizes on each side (they differ only in a padded "V").
         contiguous: True returns a C-contiguous array; False a view of `tensor` wherever
             numpy can express the layout change as one (a padded axis is always a copy), for
-            a caller that copies only slices of it (`trainer.checkpoints.hf_io`).
+            a caller that copies only slices of it (`models.checkpoints.hf_io`).
 
     Raises:
         MappingError: the tensor's shape is not `rule.hf_shape` (names the tensor).

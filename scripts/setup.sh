@@ -60,6 +60,6 @@ fi
 
 if [ "${JAXRL_SKIP_MODEL:-0}" != "1" ]; then
   say "the model: SmolLM2-135M-Instruct in ${JAXRL_CACHE_DIR:-~/.cache/jaxrl} (converted once)"
-  "$VENV/bin/python" -m trainer.checkpoints.smollm2
+  "$VENV/bin/python" -m models.checkpoints.smollm2
 fi
 say "done"

@@ -13,7 +13,7 @@ bash scripts/setup.sh
 VENV=${VENV:-.venv}
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
-"$VENV/bin/mypy" trainer gateway rollout_engine mappings transport envs benchmarks deploy
+"$VENV/bin/mypy" models trainer gateway rollout_engine mappings transport envs benchmarks deploy
 "$VENV/bin/mkdocs" build --strict --site-dir "$(mktemp -d)"
 WORKERS=${JAXRL_TEST_WORKERS:-2}
 if [ "$WORKERS" = "0" ]; then

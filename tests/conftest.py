@@ -83,15 +83,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory):
     """Factory: tiny_checkpoint(variant, seed=0, **overrides) -> Path of a random HF folder
-    (see trainer.checkpoints.tiny.TINY_CONFIGS), built once per session per argument set."""
-    from trainer.checkpoints.tiny import make_tiny_checkpoint
+    (see models.checkpoints.tiny.TINY_CONFIGS), built once per session per argument set."""
+    from models.checkpoints.tiny import make_tiny_checkpoint
 
     built: dict[tuple, object] = {}
 
     def get(variant: str | None = "llama", seed: int = 0, **overrides):
         if variant is None:  # a `family_variant` case of a family with no tiny checkpoint
             pytest.fail(
-                "this family has no tiny checkpoint: add a trainer.checkpoints.tiny.TINY_CONFIGS "
+                "this family has no tiny checkpoint: add a models.checkpoints.tiny.TINY_CONFIGS "
                 "entry whose model_type is one of the family's model_types"
             )
         key = (variant, seed, tuple(sorted(overrides.items())))
@@ -108,7 +108,7 @@ def family_variants() -> list[tuple[str, str | None]]:
     `TINY_CONFIGS` variant whose `model_type` selects it (`mappings.registry.model_types`);
     a family no variant selects gets one pair (family, None), whose tests fail."""
     from mappings.registry import available_families, model_types
-    from trainer.checkpoints.tiny import TINY_CONFIGS
+    from models.checkpoints.tiny import TINY_CONFIGS
 
     table = model_types()
     pairs: list[tuple[str, str | None]] = []
@@ -125,7 +125,7 @@ def family_mapping_cases() -> list[tuple[str, str | None]]:
     per family, the first variant of each (`tie_word_embeddings`, `attention_bias`) pair (a
     tied checkpoint has no LM head to send; a biased one sends the bias tensors). For the tests
     that start an engine per case."""
-    from trainer.checkpoints.tiny import TINY_CONFIGS
+    from models.checkpoints.tiny import TINY_CONFIGS
 
     seen: set[tuple[str, bool, bool]] = set()
     cases = []

@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
     if args.command == "parity":
-        from trainer.checkpoints.smollm2 import ensure_smollm2
+        from models.checkpoints.smollm2 import ensure_smollm2
         from trainer.parity import run_parity
 
         result = run_parity(args.model or ensure_smollm2(), args.prompt, args.new_tokens)

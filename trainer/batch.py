@@ -29,13 +29,13 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from models.sharding import DATA_AXES, place
 from trainer.filters import group_lag
 from trainer.losses.advantages import group_advantages
 from trainer.losses.base import LossInputs
 from trainer.rollouts import RolloutGroup
-from trainer.sharding import DATA_AXES, place
 
-BATCH_AXES: tuple[str, ...] = tuple(DATA_AXES)  # ("dp", "fsdp"), from trainer.sharding
+BATCH_AXES: tuple[str, ...] = tuple(DATA_AXES)  # ("dp", "fsdp"), from models.sharding
 NO_VERSION = -1
 """`RLBatch.token_versions` at positions whose target is no completion token (prompt, pad)."""
 
@@ -278,7 +278,7 @@ def shard_batch(batch: RLBatch, mesh: Mesh, axes: Sequence[str] = BATCH_AXES) ->
 
     Other mesh axes (e.g. 'cp', 'tp') hold replicas. With several processes, every process
     passes the same whole batch (`trainer.global_batch.share_batch`) and puts only the rows its
-    own devices hold (`trainer.sharding.place`), so the global array equals the single-process
+    own devices hold (`models.sharding.place`), so the global array equals the single-process
     one.
 
     Raises:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from jax.sharding import Mesh
 
+from models.decoder import Decoder
 from trainer.config import Config
 from trainer.losses import make_loss
 from trainer.losses.base import PolicyLoss
 from trainer.losses.corrections import make_correction
-from trainer.models.decoder import Decoder
 from trainer.optim import OptimizerConfig, make_optimizer
 from trainer.train_step import TrainStep
 

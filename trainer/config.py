@@ -62,7 +62,7 @@ class TrainerSection(_Section):
     """Rows per chunk of the fused log-prob kernel."""
     attention_block: int = Field(default=512, ge=0)
     """Tokens per block of the train step's attention: a batch padded longer than this
-    attends blockwise (`trainer.models.blockwise`, memory O(L · block) instead of O(L²));
+    attends blockwise (`models.blockwise`, memory O(L · block) instead of O(L²));
     shorter ones take the dense path. 0: always dense. The memory and time against the dense
     path are measured in `benchmarks/attention_memory.py`."""
     seed: int = 0

@@ -19,7 +19,7 @@ import numpy as np
 
 from envs.registry import make_env
 from gateway import messages as m
-from trainer.rewards.base import Problem
+from trainer.data.problem import Problem
 from trainer.rollouts import RolloutGroup
 
 

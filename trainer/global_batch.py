@@ -6,7 +6,7 @@ process 0 only; per-process rows would mean sending every other process its rows
 keeping each process's data position, retries and filters in step. The batch is small next to
 the weights (B * L * 5 arrays of 4 bytes: 0.3 MB for 32 x 512), one broadcast per step costs
 little, and then every process holds the whole host batch, so the placement onto the mesh is
-exactly the single-process one (`trainer.sharding.place`: each process puts only its rows) and
+exactly the single-process one (`models.sharding.place`: each process puts only its rows) and
 host-side metrics (`RLBatch.metrics`) agree on every process.
 
 The broadcast is `jax.experimental.multihost_utils.broadcast_one_to_all` (a psum over all

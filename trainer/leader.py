@@ -42,8 +42,8 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from models.params import flat_params
 from trainer.checkpointing import Checkpointer, Progress
-from trainer.models.params import flat_params
 from trainer.publish.co_sender import FollowerSends
 from trainer.publish.host_views import flat_of
 from trainer.publish.local_shards import engine_arrays, local_blocks

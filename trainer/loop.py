@@ -41,13 +41,13 @@ from typing import Any, Protocol
 import jax
 
 from gateway.client import GatewayClient
+from models.decoder import Decoder
 from trainer.batch import build_rl_batch, tokens_per_lag
 from trainer.checkpointing import Checkpointer, Progress
 from trainer.config import Config
 from trainer.episodes import episode_metrics
 from trainer.filters import FilterResult
 from trainer.gap import summarize_gap
-from trainer.models.decoder import Decoder
 from trainer.rollout_source import RolloutSource
 from trainer.rollouts import RolloutGroup
 from trainer.run_files import truncate_step_logs

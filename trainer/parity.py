@@ -18,8 +18,8 @@ def run_parity(path: Path, prompt: str, new_tokens: int = 32) -> dict[str, objec
     from flax import nnx
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.checkpoints.hf_io import load_hf_checkpoint
-    from trainer.models.kv_cache import KVCache
+    from models.checkpoints.hf_io import load_hf_checkpoint
+    from models.kv_cache import KVCache
 
     start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -31,10 +31,10 @@ import numpy as np
 
 from gateway import messages as m
 from gateway.client import GatewayClient
+from trainer.data.problem import Problem
+from trainer.data.problem_stream import ProblemStream
 from trainer.episodes import EpisodeSetup
 from trainer.positions import ConsumedPositions, PositionLedger
-from trainer.rewards.base import Problem
-from trainer.rewards.problem_stream import ProblemStream
 from trainer.rewards.scoring import ScoringPool
 from trainer.rollouts import RolloutGroup
 

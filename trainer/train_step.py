@@ -9,8 +9,8 @@ micro-batch and the split needs no communication, as in the seed write-up "Async
 section "Shardings"); for each, `model.hidden` -> fused log-probs of the targets at the sampling
 temperature -> the registry's loss with the full batch's normalizer (so the k micro-losses sum to
 the full-batch loss and the update does not depend on k); sum the gradients; one optax update.
-Params live as a flat dict by dot path (`trainer.models.params.flat_params`), FSDP-sharded by
-`trainer.sharding.param_sharding`; the optimizer moments get the same placement.
+Params live as a flat dict by dot path (`models.params.flat_params`), FSDP-sharded by
+`models.sharding.param_sharding`; the optimizer moments get the same placement.
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from models.decoder import Decoder
+from models.params import flat_params, path_str
+from models.sharding import host_value, param_sharding, put
 from trainer.batch import BATCH_AXES, RLBatch, shard_batch
 from trainer.gap import GAP_SETS, gap_metrics
 from trainer.global_batch import share_batch
 from trainer.logprobs import fused_target_logprobs
 from trainer.losses.base import PolicyLoss
 from trainer.losses.corrections import CORRECTION_METRICS
-from trainer.models.decoder import Decoder
-from trainer.models.params import flat_params, path_str
-from trainer.sharding import host_value, param_sharding, put
 
 Params = dict[str, jax.Array]
 
@@ -112,14 +112,14 @@ class TrainStep:
       loss: a loss from `trainer.losses.make_loss`.
       tx: the optax transformation (build it with ``grad_accum_steps=1``: accumulation happens
         here, inside one call).
-      mesh: a ("dp", "fsdp") mesh (`trainer.sharding.make_mesh`).
+      mesh: a ("dp", "fsdp") mesh (`models.sharding.make_mesh`).
       temperature: the engines' sampling temperature (> 0); log-probs are computed under it.
       top_k, top_p: the engines' sampling truncation (0 and 1: off); log-probs are taken under
         the truncated, renormalised distribution (`trainer.truncation`).
       micro_batches: k >= 1; B must be divisible by k * dp * fsdp.
       chunk_size: rows per chunk of the fused log-prob kernel.
       attention_block: tokens per block of the attention when the padded length L exceeds
-        it (`trainer.models.blockwise`: memory O(L · block)); 0 keeps the dense path.
+        it (`models.blockwise`: memory O(L · block)); 0 keeps the dense path.
       min_shard_bytes: params below this size are replicated.
 
     A loss with ``kl_coef > 0`` needs a frozen reference policy: call `set_reference` first.

@@ -21,11 +21,11 @@ from pathlib import Path
 from deploy.local.cluster_box import EPHEMERAL, ClusterBox
 from gateway.auth import write_tokens
 from gateway.certs import make_cert
-from trainer.checkpoints.hf_io import read_hf_config
+from models.checkpoints.hf_io import read_hf_config
+from models.config import ModelConfig
 from trainer.launch.commands import engine_argv, engine_env, gateway_argv, trainer_env
 from trainer.launch.job_config import JobConfig, load_job_config
 from trainer.launch.model_source import resolve_model
-from trainer.models.config import ModelConfig
 
 REPO = Path(__file__).resolve().parents[2]
 GATEWAY_PORT = 50051

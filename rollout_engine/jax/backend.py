@@ -88,7 +88,7 @@ class JaxBackend(RolloutBackend):
 
     async def start(self) -> None:
         """Load the checkpoint, start the replicas and the dispatcher."""
-        from trainer.checkpoints.hf_io import load_hf_checkpoint
+        from models.checkpoints.hf_io import load_hf_checkpoint
 
         c = self.cfg
         model_cfg, model = await asyncio.to_thread(load_hf_checkpoint, c.model, dtype=c.dtype)
@@ -207,7 +207,7 @@ class JaxBackend(RolloutBackend):
         """
         from mappings.apply import checkpoint_to_params
         from mappings.registry import get_family
-        from trainer.models.params import model_from_params
+        from models.params import model_from_params
 
         if self._receiver is None or self.engine is None:
             raise RuntimeError("call start() and connect_transport() before update_weights")

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from models.config import ModelConfig
 from rollout_engine.jax.decode import make_decode_loop
 from rollout_engine.jax.extend import Extender, common_prefix
 from rollout_engine.jax.insert import make_insert
@@ -38,7 +39,6 @@ from rollout_engine.jax.sampling import RowSampling, SamplingConfig
 from rollout_engine.jax.state import SlotState, init_slots
 from rollout_engine.jax.stops import StopConfig
 from rollout_engine.jax.types import FINISH_REASONS, Request, SampleResult
-from trainer.models.config import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)

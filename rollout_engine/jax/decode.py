@@ -44,7 +44,7 @@ def decode_step(
     except for a harmless cache write at their frozen position.
 
     Args:
-        model: a ``trainer.models.decoder.Decoder`` (``model(tokens, positions, cache)``).
+        model: a ``models.decoder.Decoder`` (``model(tokens, positions, cache)``).
         state: the slot state, with each slot's temperature / top-k / top-p. sampling: static;
             its `truncates` compiles the top-k / top-p filters in. stops: static settings.
         kv_len: static bound of the attention to cache slots [0, kv_len) (every running

@@ -24,12 +24,12 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from models.config import ModelConfig
+from models.decoder import Decoder
 from rollout_engine.jax.batcher import BatcherConfig, ContinuousBatcher
 from rollout_engine.jax.sampling import SamplingConfig
 from rollout_engine.jax.stops import StopConfig
 from rollout_engine.jax.types import Request, SampleResult
-from trainer.models.config import ModelConfig
-from trainer.models.decoder import Decoder
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,10 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from models.config import ModelConfig
+from models.kv_cache import KVCache
 from rollout_engine.jax.prefill import PrefillBatch, next_pow2
 from rollout_engine.jax.state import SlotState
-from trainer.models.config import ModelConfig
-from trainer.models.kv_cache import KVCache
 
 
 def _extend(

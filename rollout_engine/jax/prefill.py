@@ -20,8 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from trainer.models.config import ModelConfig
-from trainer.models.kv_cache import KVCache
+from models.config import ModelConfig
+from models.kv_cache import KVCache
 
 
 def next_pow2(n: int, minimum: int = 1) -> int:

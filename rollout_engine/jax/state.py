@@ -12,8 +12,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from trainer.models.config import ModelConfig
-from trainer.models.kv_cache import KVCache
+from models.config import ModelConfig
+from models.kv_cache import KVCache
 
 
 @jax.tree_util.register_dataclass

@@ -15,8 +15,8 @@ from gateway import messages as m
 from gateway.client import GatewayClient
 from gateway.config import GatewayConfig, RunSettings
 from gateway.server import GatewayServer
+from models.config import ModelConfig
 from tests.integration.smoke_job import child_env
-from trainer.models.config import ModelConfig
 from trainer.publish import WeightPublisher
 from transport.config import GlooTransportConfig
 

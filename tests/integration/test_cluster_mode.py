@@ -15,13 +15,13 @@ import time
 
 import pytest
 
+from models.checkpoints.hf_io import read_hf_config
+from models.config import ModelConfig
 from tests.integration.smoke_job import REPO, child_env, jsonl_rows
-from trainer.checkpoints.hf_io import read_hf_config
 from trainer.launch.job_config import load_job_config
 from trainer.launch.model_source import resolve_model
 from trainer.launch.processes import ProcessSet
 from trainer.launch.stack import start_engines, start_gateway
-from trainer.models.config import ModelConfig
 
 pytestmark = pytest.mark.slow
 STEPS = 4

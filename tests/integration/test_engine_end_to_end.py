@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from gateway import messages as m
-from trainer.checkpoints.hf_io import load_hf_checkpoint
+from models.checkpoints.hf_io import load_hf_checkpoint
 from trainer.publish import WeightPublisher
 from transport.config import GlooTransportConfig
 
@@ -144,7 +144,7 @@ def qwen2_models(tiny_checkpoint):
     """Tiny qwen2 A and B (2 query heads, 1 KV head: at TP 2 the KV head is replicated on both
     ranks), B's JAX model split FSDP over 4 devices (each TP rank's shards gather from 2), and
     A's JAX model on one device (pushed back whole)."""
-    from trainer.sharding import make_mesh
+    from models.sharding import make_mesh
 
     a, b = tiny_checkpoint("qwen2", seed=21), tiny_checkpoint("qwen2", seed=22)
     hf_a, hf_b = H.hf_model(a), H.hf_model(b)

@@ -26,9 +26,9 @@ import pytest
 from gateway import messages as m
 from gateway.client import GatewayClient
 from tests.integration.smoke_job import child_env
+from trainer.data.problem import Problem
 from trainer.launch.evaluate import evaluate
 from trainer.rewards import ScoringPool, TokenFractionVerifier
-from trainer.rewards.base import Problem
 
 _spec = importlib.util.spec_from_file_location("waits", Path(__file__).with_name("waits.py"))
 waits = importlib.util.module_from_spec(_spec)

@@ -20,14 +20,14 @@ import pytest
 
 from gateway import messages as m
 from gateway.client import GatewayClient
+from models.checkpoints.hf_io import read_hf_config
+from models.config import ModelConfig
 from tests.integration.smoke_job import REPO, child_env, jsonl_rows, smoke_command
-from trainer.checkpoints.hf_io import read_hf_config
 from trainer.eval.export import export_checkpoint
 from trainer.launch.job_config import load_job_config
 from trainer.launch.model_source import resolve_model
 from trainer.launch.processes import ProcessSet
 from trainer.launch.stack import start_engines, start_gateway
-from trainer.models.config import ModelConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 STEPS = 4

@@ -19,15 +19,16 @@ import numpy as np
 import pytest
 
 from gateway import messages as m
+from models.checkpoints.hf_io import load_hf_checkpoint
+from models.sharding import make_mesh
 from tests.integration.loop_harness import engine_loop
 from trainer.build import train_step_from_config
-from trainer.checkpoints.hf_io import load_hf_checkpoint
 from trainer.config import load_config
+from trainer.data import ProblemStream
+from trainer.data.problem import Problem
 from trainer.loop import AsyncTrainer
-from trainer.rewards import ProblemStream, ScoringPool, TokenFractionVerifier
-from trainer.rewards.base import Problem
+from trainer.rewards import ScoringPool, TokenFractionVerifier
 from trainer.rollout_source import RolloutSource
-from trainer.sharding import make_mesh
 
 STEPS = 30
 EOS = 0

@@ -154,7 +154,7 @@ def test_trainer_joins_a_gateway_started_elsewhere(tmp_path):
     """The separate-hosts recipe (docs/clusters.md) on one machine: gateway and engine by hand,
     the trainer joins with launch.gateway and starts no process of its own; with
     launch.stop_joined=true it shuts the gateway (and so its engine) down at the end."""
-    from trainer.checkpoints.tiny import make_tiny_checkpoint
+    from models.checkpoints.tiny import make_tiny_checkpoint
     from trainer.launch.processes import ProcessSet
 
     env = child_env(tmp_path)

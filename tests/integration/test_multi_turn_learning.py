@@ -28,18 +28,20 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
 
 from gateway import messages as m
+from models.checkpoints.hf_io import load_hf_checkpoint
+from models.checkpoints.tiny import make_tiny_checkpoint
+from models.sharding import make_mesh
 from tests.integration.loop_harness import engine_loop
 from tests.integration.test_learning import EOS
 from trainer.build import train_step_from_config
-from trainer.checkpoints.hf_io import load_hf_checkpoint
-from trainer.checkpoints.tiny import make_tiny_checkpoint
 from trainer.config import load_config
+from trainer.data import ProblemStream
+from trainer.data.problem import Problem
 from trainer.launch.data import make_encoder
 from trainer.loop import AsyncTrainer
-from trainer.rewards import ProblemStream, ScoringPool
-from trainer.rewards.base import Problem, Verifier
+from trainer.rewards import ScoringPool
+from trainer.rewards.base import Verifier
 from trainer.rollout_source import RolloutSource
-from trainer.sharding import make_mesh
 
 STEPS = 30
 TURNS = 3

@@ -133,8 +133,8 @@ def test_two_processes_take_the_step_of_one(checkpoint: Path, tmp_path: Path):
     for p in group:
         assert re.search(r"embed shards held here \[\(80, 64\), \(80, 64\)\]", p.stdout())
 
-    from trainer.checkpoints.hf_io import load_hf_checkpoint
-    from trainer.models.params import flat_params
+    from models.checkpoints.hf_io import load_hf_checkpoint
+    from models.params import flat_params
 
     _, model = load_hf_checkpoint(checkpoint)
     init = {k: np.asarray(v) for k, v in flat_params(model).items()}

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from gateway import messages as m
-from trainer.checkpoints.hf_io import load_hf_checkpoint
+from models.checkpoints.hf_io import load_hf_checkpoint
 from trainer.publish import WeightPublisher
 from transport.config import GlooTransportConfig
 

@@ -17,8 +17,8 @@ import pytest
 from envs.registry import make_env
 from gateway import convert as cv
 from gateway import messages as m
+from models.checkpoints.tiny import make_tiny_checkpoint
 from rollout_engine.episode import chat_glue
-from trainer.checkpoints.tiny import make_tiny_checkpoint
 from transport.manifest import Manifest, ManifestError
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 
-VOCAB = 320  # trainer.checkpoints.tiny's default vocab_size
+VOCAB = 320  # models.checkpoints.tiny's default vocab_size
 
 
 def hand_batch():
@@ -86,10 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     import optax
     from jax.experimental import multihost_utils
 
-    from trainer.checkpoints.hf_io import load_hf_checkpoint
+    from models.checkpoints.hf_io import load_hf_checkpoint
+    from models.sharding import make_mesh, mesh_devices
     from trainer.losses import make_loss
     from trainer.optim import OptimizerConfig, make_optimizer
-    from trainer.sharding import make_mesh, mesh_devices
     from trainer.train_step import TrainStep
 
     mesh = make_mesh(1, -1, devices=mesh_devices(args.devices))

@@ -14,12 +14,12 @@ import dataclasses
 import os
 from pathlib import Path
 
-from trainer.rewards.answer_forms import AnswerForm
+from trainer.data.answer_forms import AnswerForm
 
 
 @dataclasses.dataclass(frozen=True)
 class Benchmark:
-    """One named benchmark file and how to read it (`trainer.rewards.jsonl_problems`)."""
+    """One named benchmark file and how to read it (`trainer.data.jsonl_problems`)."""
 
     name: str
     relative_path: str
@@ -41,7 +41,7 @@ BENCHMARKS: dict[str, Benchmark] = {
 
 def data_root() -> Path:
     """The data folder: ``$JAXRL_DATA_DIR``, else ``data`` relative to the working folder (as
-    `trainer.rewards.gsm8k.DEFAULT_GSM8K_DIR`)."""
+    `trainer.data.gsm8k.DEFAULT_GSM8K_DIR`)."""
     return Path(os.environ.get("JAXRL_DATA_DIR", "data"))
 
 

@@ -8,7 +8,7 @@ transformers and vLLM load.
 The run's own ``RUN_DIR/config.yaml`` (written by the main job) names the base checkpoint and the
 train step; the orbax checkpoint is restored onto this process's devices through the train
 step's abstract state (params, optimizer moments, step), and its params are written with the
-family's mapping (`trainer.checkpoints.hf_io.save_hf_checkpoint`), in `model.param_dtype`.
+family's mapping (`models.checkpoints.hf_io.save_hf_checkpoint`), in `model.param_dtype`.
 """
 
 from __future__ import annotations
@@ -44,13 +44,13 @@ def export_checkpoint(path: str | Path, out_dir: str | Path) -> Path:
       FileNotFoundError: no run folder, no checkpoint (or not that step); ConfigError: the
         run's config.yaml does not validate.
     """
+    from models.checkpoints.hf_io import load_hf_checkpoint, read_hf_config, save_hf_checkpoint
+    from models.params import model_from_params
+    from models.sharding import make_mesh
     from trainer.build import train_step_from_config
     from trainer.checkpointing import Checkpointer
-    from trainer.checkpoints.hf_io import load_hf_checkpoint, read_hf_config, save_hf_checkpoint
     from trainer.launch.job_config import load_job_config
     from trainer.launch.model_source import resolve_model
-    from trainer.models.params import model_from_params
-    from trainer.sharding import make_mesh
 
     run_dir, step = locate_checkpoint(path)
     job = load_job_config(run_dir / "config.yaml")

@@ -6,11 +6,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from trainer.data.jsonl_problems import UnparsedGolds, load_jsonl_problems
+from trainer.data.problem import Problem
 from trainer.eval.benchmarks import BENCHMARKS, benchmark_file
 from trainer.launch.data import load_file_problems
 from trainer.launch.job_config import JobConfig
-from trainer.rewards.base import Problem
-from trainer.rewards.jsonl_problems import UnparsedGolds, load_jsonl_problems
 
 
 def eval_problems(job: JobConfig) -> list[Problem]:

@@ -12,8 +12,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from trainer.data.problem import Problem
 from trainer.eval.metrics import ProblemSamples, summarize
-from trainer.rewards.base import Problem
 from trainer.rollouts import RolloutGroup
 
 

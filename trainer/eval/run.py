@@ -51,7 +51,8 @@ def run_eval(job: JobConfig) -> dict[str, Any]:
 
     from gateway import messages as m
     from gateway.client import GatewayClient
-    from trainer.checkpoints.hf_io import read_hf_config
+    from models.checkpoints.hf_io import read_hf_config
+    from models.config import ModelConfig
     from trainer.eval.problems import eval_problems
     from trainer.eval.rows import problem_row, summary_from_rows
     from trainer.launch.data import make_decoder, make_encoder
@@ -60,7 +61,6 @@ def run_eval(job: JobConfig) -> dict[str, Any]:
     from trainer.launch.model_source import check_checkpoint
     from trainer.launch.processes import ProcessSet
     from trainer.launch.stack import start_engines, start_gateway, wait_for_engines
-    from trainer.models.config import ModelConfig
     from trainer.rewards import MathVerifier, ScoringPool
 
     t0 = time.monotonic()

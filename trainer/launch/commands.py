@@ -168,7 +168,7 @@ def xla_cache_env(job: JobConfig, base: Mapping[str, str]) -> dict[str, str]:
     launch = job.launch
     if not launch.xla_cache or base.get("JAX_COMPILATION_CACHE_DIR"):
         return {}
-    from trainer.checkpoints.smollm2 import cache_dir
+    from models.checkpoints.smollm2 import cache_dir
 
     return {"JAX_COMPILATION_CACHE_DIR": launch.xla_cache_dir or str(cache_dir() / "xla")}
 

@@ -15,10 +15,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from trainer.data import load_gsm8k, reasoning_gym_problems
+from trainer.data.jsonl_problems import UnparsedGolds, load_jsonl_problems
+from trainer.data.problem import Problem
 from trainer.launch.job_config import JobConfig
-from trainer.rewards import available_verifiers, load_gsm8k, reasoning_gym_problems
-from trainer.rewards.base import Problem
-from trainer.rewards.jsonl_problems import UnparsedGolds, load_jsonl_problems
+from trainer.rewards import available_verifiers
 
 EVAL_SEED_OFFSET = 1_000_003
 

@@ -28,9 +28,10 @@ import numpy as np
 
 from gateway import messages as m
 from gateway.client import GatewayClient
+from trainer.data.problem import Problem
 from trainer.episodes import EpisodeSetup
 from trainer.launch.silence import SilenceClock
-from trainer.rewards.base import Problem, final_turn
+from trainer.rewards.base import final_turn
 from trainer.rewards.scoring import ScoringPool
 from trainer.rollout_source import group_from_gateway, prompt_of
 from trainer.rollouts import RolloutGroup

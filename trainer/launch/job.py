@@ -109,9 +109,9 @@ def _preflight(job: JobConfig) -> tuple[Path, str]:
         package is missing), its model_type selects no family, or the folder does not match
         the family's mapping.
     """
-    from trainer.checkpoints.hf_io import read_hf_config
+    from models.checkpoints.hf_io import read_hf_config
+    from models.config import ModelConfig
     from trainer.launch.model_source import check_checkpoint, resolve_model
-    from trainer.models.config import ModelConfig
 
     try:
         model_path = resolve_model(job.run.model.path, job.run.trainer.seed)

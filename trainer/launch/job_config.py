@@ -34,7 +34,7 @@ from pydantic import (
 )
 
 from trainer.config import Config, ConfigError, load_config, read_yaml
-from trainer.rewards.answer_forms import AnswerForm
+from trainer.data.answer_forms import AnswerForm
 
 JOB_SECTIONS = ("data", "eval", "launch", "logging")
 ALIASES = {"run_dir": "trainer.run_dir"}
@@ -92,7 +92,7 @@ class DataSection(_Section):
 
     @model_validator(mode="after")
     def _jsonl_keys(self) -> DataSection:
-        from trainer.rewards.jsonl_problems import template_fields
+        from trainer.data.jsonl_problems import template_fields
 
         template_fields(self.prompt_template)  # a bad template fails at config time
         if self.answer_form == "regex":

@@ -1,6 +1,6 @@
 """Where the job's checkpoint comes from: ``model.path`` is an HF folder, ``smollm2`` (the real
 SmolLM2-135M-Instruct, converted once into the cache) or ``tiny:VARIANT`` (a tiny random model of
-`trainer.checkpoints.tiny.TINY_CONFIGS` made on the spot, seeded by trainer.seed, in the cache).
+`models.checkpoints.tiny.TINY_CONFIGS` made on the spot, seeded by trainer.seed, in the cache).
 
 `check_checkpoint` holds the folder against its family's mapping (tensor headers only, no data)
 so a checkpoint that lacks a tensor fails before any process of the job starts.
@@ -12,7 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
-from trainer.checkpoints.smollm2 import cache_dir
+from models.checkpoints.smollm2 import cache_dir
 
 
 def resolve_model(spec: str, seed: int = 0) -> Path:
@@ -25,11 +25,11 @@ def resolve_model(spec: str, seed: int = 0) -> Path:
     if not spec:
         raise ValueError("model.path is empty: give an HF folder, 'smollm2' or 'tiny:VARIANT'")
     if spec == "smollm2":
-        from trainer.checkpoints.smollm2 import ensure_smollm2
+        from models.checkpoints.smollm2 import ensure_smollm2
 
         return ensure_smollm2()
     if spec.startswith("tiny:"):
-        from trainer.checkpoints.tiny import make_tiny_checkpoint
+        from models.checkpoints.tiny import make_tiny_checkpoint
 
         variant = spec.removeprefix("tiny:")
         out = cache_dir() / "tiny" / f"{variant}-seed{seed}"

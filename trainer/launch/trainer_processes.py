@@ -31,7 +31,7 @@ Pushes: over gloo or NCCL every trainer process sends its own blocks of each ver
 (`transport.fan_in`, `trainer.publish.local_shards`, `trainer.publish.co_sender`); over the
 file or shm data plane the params are gathered onto every process and process 0 writes them
 (`trainer.leader.gather_params`). Loading: every process memory-maps the safetensors and
-copies out only the slices its devices hold (`trainer.checkpoints.hf_io.load_hf_checkpoint`).
+copies out only the slices its devices hold (`models.checkpoints.hf_io.load_hf_checkpoint`).
 """
 
 from __future__ import annotations

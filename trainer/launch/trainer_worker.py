@@ -158,9 +158,9 @@ def _lead(job, args: argparse.Namespace, model_path: Path) -> None:  # noqa: ANN
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     data = load_job_data(job)
     encode = make_encoder(tokenizer, job.data.system_prompt)
-    from trainer.checkpoints.hf_io import read_hf_config
+    from models.checkpoints.hf_io import read_hf_config
+    from models.config import ModelConfig
     from trainer.launch.commands import run_settings
-    from trainer.models.config import ModelConfig
 
     ca_file = job.launch.gateway_ca_file or None
     client = GatewayClient.from_token_file(

@@ -26,9 +26,12 @@ import jax
 
 from gateway import messages as m
 from gateway.client import GatewayClient
+from models.checkpoints.hf_io import load_hf_checkpoint
+from models.sharding import make_mesh, mesh_devices
 from trainer.build import train_step_from_config
 from trainer.checkpointing import Checkpointer, Progress
-from trainer.checkpoints.hf_io import load_hf_checkpoint
+from trainer.data import ProblemStream
+from trainer.data.problem import Problem
 from trainer.launch import interrupt
 from trainer.launch.commands import data_plane_config
 from trainer.launch.data import JobData
@@ -50,11 +53,9 @@ from trainer.leader import (
 from trainer.loop import AsyncTrainer
 from trainer.positions import ConsumedPositions, PositionLedger
 from trainer.publish import WeightPublisher
-from trainer.rewards import ProblemStream, ScoringPool
-from trainer.rewards.base import Problem
+from trainer.rewards import ScoringPool
 from trainer.rollout_source import RolloutSource
 from trainer.run_files import next_attempt
-from trainer.sharding import make_mesh, mesh_devices
 from trainer.train_step import TrainStep
 from transport.config import serves_blocks
 

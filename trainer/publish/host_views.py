@@ -49,6 +49,6 @@ def flat_of(model_or_params: Any) -> Mapping:
     """Flat params by dot path of a `Decoder`, or the mapping itself."""
     if isinstance(model_or_params, Mapping):
         return model_or_params
-    from trainer.models.params import flat_params
+    from models.params import flat_params
 
     return flat_params(model_or_params)

@@ -326,7 +326,7 @@ class WeightPublisher:
 
         Args:
             model_or_params: a `Decoder`, or its flat params by dot path (arrays of the
-                model's shapes; `trainer.models.params.flat_params`).
+                model's shapes; `models.params.flat_params`).
             version: the new version (> the gateway's current one).
 
         Raises:

@@ -1,4 +1,4 @@
-"""The verifier seam: a `Problem` with its gold answer, one `Verifier` interface, one registry.
+"""The verifier seam: one `Verifier` interface scoring a `Problem`'s completions, one registry.
 
 Adding a verifier is one file with a `Verifier` (or `TextVerifier`) subclass decorated with
 `@register_verifier`, imported in `trainer/rewards/__init__.py`. Each problem names its verifier,
@@ -8,36 +8,13 @@ so one run can mix task families.
 from __future__ import annotations
 
 import abc
-import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
 from gateway.messages import Completion
-
-
-@dataclasses.dataclass(frozen=True)
-class Problem:
-    """A prompt with what its verifier needs.
-
-    Attributes:
-      problem_id: stable id (e.g. ``"gsm8k/test/17"``), used as the rollout's sample id prefix.
-      question: the task text shown to the model (no chat template; the loop applies it).
-      answer: the gold answer as text (GSM8K: the number after ``####``).
-      verifier: the registry name of the verifier that scores completions of this problem.
-      metadata: anything else the verifier needs (reasoning-gym: the whole dataset entry).
-      max_new_tokens: this problem's own completion budget (tokens, >= 1) for training
-        rollouts, capped by rollout.max_new_tokens; None: rollout.max_new_tokens (JSONL rows
-        carry one through data.max_new_tokens_field).
-    """
-
-    problem_id: str
-    question: str
-    answer: str
-    verifier: str
-    metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    max_new_tokens: int | None = None
+from trainer.data.problem import Problem
 
 
 class Verifier(abc.ABC):

@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 from typing import ClassVar
 
-from trainer.rewards.base import Problem, TextVerifier, register_verifier
+from trainer.data.problem import Problem
+from trainer.rewards.base import TextVerifier, register_verifier
 
 _log = logging.getLogger(__name__)
 

@@ -11,7 +11,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from trainer.rewards.base import Problem, TextVerifier, register_verifier
+from trainer.data.problem import Problem
+from trainer.rewards.base import TextVerifier, register_verifier
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 

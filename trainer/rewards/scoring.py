@@ -13,7 +13,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from trainer.rewards.base import Problem, Verifier, final_turn, make_verifier
+from trainer.data.problem import Problem
+from trainer.rewards.base import Verifier, final_turn, make_verifier
 from trainer.rollouts import RolloutGroup
 
 Decode = Callable[[Sequence[int]], str]

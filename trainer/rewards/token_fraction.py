@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from trainer.rewards.base import Problem, Verifier, register_verifier
+from trainer.data.problem import Problem
+from trainer.rewards.base import Verifier, register_verifier
 
 
 @register_verifier

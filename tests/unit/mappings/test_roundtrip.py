@@ -14,14 +14,14 @@ from mappings.registry import (
     model_types,
 )
 from mappings.spec import MappingError
-from trainer.checkpoints.hf_io import (
+from models.checkpoints.hf_io import (
     CheckpointReader,
     load_hf_checkpoint,
     read_hf_config,
     save_hf_checkpoint,
 )
-from trainer.checkpoints.tiny import TINY_CONFIGS
-from trainer.models.config import ModelConfig
+from models.checkpoints.tiny import TINY_CONFIGS
+from models.config import ModelConfig
 
 
 def test_every_model_type_selects_a_family_file():

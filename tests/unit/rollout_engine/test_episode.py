@@ -18,10 +18,10 @@ from transformers import AutoTokenizer
 
 from envs.base import Environment, EpisodeLimits, StepResult
 from gateway import messages as m
+from models.checkpoints.hf_io import load_hf_checkpoint
+from models.checkpoints.tiny import make_tiny_checkpoint
 from rollout_engine.episode import TurnGlue, chat_glue, cut_at_stop, derived_seed, run_episode
 from rollout_engine.jax.backend import JaxBackend, JaxBackendConfig
-from trainer.checkpoints.hf_io import load_hf_checkpoint
-from trainer.checkpoints.tiny import make_tiny_checkpoint
 
 REPLIES = ("obs one", "the result is 42")
 

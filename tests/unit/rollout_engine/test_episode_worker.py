@@ -21,11 +21,11 @@ from transformers import AutoTokenizer
 
 from gateway import messages as m
 from gateway.errors import GatewayError
+from models.checkpoints.tiny import make_tiny_checkpoint
 from rollout_engine.config import WorkerConfig
 from rollout_engine.episode import EpisodeRunner
 from rollout_engine.jax.backend import JaxBackend, JaxBackendConfig
 from rollout_engine.worker import EngineWorker
-from trainer.checkpoints.tiny import make_tiny_checkpoint
 
 _HARNESS = Path(__file__).with_name("worker_harness.py")
 _spec = importlib.util.spec_from_file_location("worker_harness_ep", _HARNESS)

@@ -1,5 +1,5 @@
 """The single-process side of `trainer.distributed`, `trainer.global_batch` and the placement
-helpers of `trainer.sharding` (the 2-process runs are in tests/integration/
+helpers of `models.sharding` (the 2-process runs are in tests/integration/
 test_multiprocess_step.py)."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from gateway.messages import Completion
+from models.sharding import host_value, make_mesh, mesh_devices, place, put
 from trainer.batch import build_rl_batch
 from trainer.distributed import ProcessGroup, initialize
 from trainer.global_batch import FIELDS, batch_fields, share_batch
 from trainer.rollouts import RolloutGroup
-from trainer.sharding import host_value, make_mesh, mesh_devices, place, put
 
 
 def _batch():

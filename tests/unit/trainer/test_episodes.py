@@ -14,9 +14,10 @@ from pydantic import ValidationError
 from envs.calculator import INSTRUCTIONS
 from gateway import messages as m
 from trainer.config import Config
+from trainer.data.problem import Problem
 from trainer.episodes import EpisodeSetup, episode_metrics
 from trainer.rewards import ScoringPool
-from trainer.rewards.base import Problem, final_turn
+from trainer.rewards.base import final_turn
 from trainer.rollout_source import prompt_of
 from trainer.rollouts import RolloutGroup
 

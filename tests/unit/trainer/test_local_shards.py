@@ -10,10 +10,10 @@ from ml_dtypes import bfloat16
 
 from mappings.apply import params_to_engine
 from mappings.registry import get_family
-from trainer.checkpoints.hf_io import load_hf_checkpoint
-from trainer.models.params import flat_params
+from models.checkpoints.hf_io import load_hf_checkpoint
+from models.params import flat_params
+from models.sharding import make_mesh
 from trainer.publish.local_shards import blocks_of, engine_arrays, local_blocks
-from trainer.sharding import make_mesh
 from transport.fan_in import region_of
 from transport.manifest import Manifest
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from trainer.checkpoints.tiny import TINY_CONFIGS
+from models.checkpoints.tiny import TINY_CONFIGS
+from models.config import ModelConfig
+from models.decoder import Decoder
 from trainer.logprobs import fused_target_logprobs
-from trainer.models.config import ModelConfig
-from trainer.models.decoder import Decoder
 
 V = 97
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from trainer.checkpoints.hf_io import load_hf_checkpoint
-from trainer.models.params import flat_params
+from models.checkpoints.hf_io import load_hf_checkpoint
+from models.params import flat_params
 from trainer.publish import PushError, WeightPublisher
 from transport.config import GlooTransportConfig
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from trainer.checkpoints.hf_io import load_hf_checkpoint
-from trainer.models.params import flat_params
+from models.checkpoints.hf_io import load_hf_checkpoint
+from models.params import flat_params
+from models.sharding import make_mesh
 from trainer.publish import WeightPublisher
-from trainer.sharding import make_mesh
 from transport.base import iter_packed
 from transport.config import GlooTransportConfig
 from transport.sharded import iter_packed_sharded

@@ -16,8 +16,8 @@ import time
 import pytest
 
 from gateway import messages as m
+from models.checkpoints.hf_io import load_hf_checkpoint
 from tests.unit.trainer.test_publish_silence import h
-from trainer.checkpoints.hf_io import load_hf_checkpoint
 from trainer.publish import PushError, WeightPublisher
 from transport.config import GlooTransportConfig
 from transport.sync_plan import SyncPlan, SyncPlanError

@@ -5,7 +5,7 @@ transport or `tp_shards` off; and the sharded manifest's shard kinds for the tin
 
 import pytest
 
-from trainer.checkpoints.hf_io import load_hf_checkpoint
+from models.checkpoints.hf_io import load_hf_checkpoint
 from trainer.publish import WeightPublisher
 from transport.config import FileTransportConfig, GlooTransportConfig, NcclTransportConfig
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.checkpoints.hf_io import load_hf_checkpoint
+from models.checkpoints.hf_io import load_hf_checkpoint
 from trainer.publish import PushError, WeightPublisher
 from transport.config import FileTransportConfig
 

@@ -133,7 +133,7 @@ def _jax_fsdp(full: np.ndarray, fsdp: int, dp: int = 1):
     (its largest dim divisible by `fsdp` over "fsdp", replicated over "dp"; no size floor)."""
     import jax
 
-    from trainer.sharding import make_mesh, param_sharding
+    from models.sharding import make_mesh, param_sharding
 
     mesh = make_mesh(dp=dp, fsdp=fsdp, devices=jax.devices()[: dp * fsdp])
     return jax.device_put(full, param_sharding(full.shape, full.dtype, mesh, min_bytes=0))

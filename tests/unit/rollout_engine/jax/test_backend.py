@@ -11,14 +11,14 @@ from flax import nnx
 from gateway import messages as m
 from mappings.apply import checkpoint_to_params
 from mappings.registry import get_family
+from models.checkpoints.hf_io import export_tensors, load_hf_checkpoint
+from models.checkpoints.tiny import make_tiny_checkpoint
+from models.params import model_from_params
 from rollout_engine.jax.backend import JaxBackend, JaxBackendConfig
 from rollout_engine.jax.batcher import BatcherConfig, ContinuousBatcher
 from rollout_engine.jax.sampling import SamplingConfig as JaxSampling
 from rollout_engine.jax.stops import StopConfig
 from rollout_engine.jax.types import Request
-from trainer.checkpoints.hf_io import export_tensors, load_hf_checkpoint
-from trainer.checkpoints.tiny import make_tiny_checkpoint
-from trainer.models.params import model_from_params
 from transport.file import FileSender
 from transport.manifest import Manifest
 

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from gateway import messages as m
+from models.checkpoints.hf_io import export_tensors, load_hf_checkpoint
+from models.checkpoints.tiny import make_tiny_checkpoint
 from rollout_engine.jax.backend import JaxBackend, JaxBackendConfig
-from trainer.checkpoints.hf_io import export_tensors, load_hf_checkpoint
-from trainer.checkpoints.tiny import make_tiny_checkpoint
 from transport.base import TransferError
 from transport.config import GlooTransportConfig
 from transport.factory import make_sender

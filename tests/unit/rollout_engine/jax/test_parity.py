@@ -9,13 +9,13 @@ import torch
 from flax import nnx
 from transformers import AutoModelForCausalLM
 
+from models.checkpoints.hf_io import load_hf_checkpoint
+from models.checkpoints.tiny import make_tiny_checkpoint
 from rollout_engine.jax.batcher import BatcherConfig
 from rollout_engine.jax.engine import EngineConfig, JaxEngine
 from rollout_engine.jax.sampling import SamplingConfig, truncate_logits
 from rollout_engine.jax.stops import StopConfig
 from rollout_engine.jax.types import Request
-from trainer.checkpoints.hf_io import load_hf_checkpoint
-from trainer.checkpoints.tiny import make_tiny_checkpoint
 
 VOCAB = 320
 NEW = 32

@@ -20,14 +20,14 @@ import torch
 from flax import nnx
 from transformers import AutoModelForCausalLM
 
+from models.checkpoints.hf_io import load_hf_checkpoint
+from models.checkpoints.smollm2 import smollm2_available, smollm2_path
+from models.checkpoints.tiny import TINY_CONFIGS
 from rollout_engine.jax.batcher import BatcherConfig
 from rollout_engine.jax.engine import EngineConfig, JaxEngine
 from rollout_engine.jax.sampling import SamplingConfig
 from rollout_engine.jax.stops import StopConfig
 from rollout_engine.jax.types import Request
-from trainer.checkpoints.hf_io import load_hf_checkpoint
-from trainer.checkpoints.smollm2 import smollm2_available, smollm2_path
-from trainer.checkpoints.tiny import TINY_CONFIGS
 
 VOCAB = 320
 PROMPTS = [
@@ -127,7 +127,7 @@ def test_gemma3_sliding_window_shapes_the_reference(tiny_checkpoint) -> None:
 @pytest.mark.skipif(
     not smollm2_available(),
     reason=f"SmolLM2-135M is not converted at {smollm2_path()} "
-    "(run `python -m trainer.checkpoints.smollm2`)",
+    "(run `python -m models.checkpoints.smollm2`)",
 )
 def test_smollm2_greedy_equals_transformers_token_for_token() -> None:
     from transformers import AutoTokenizer

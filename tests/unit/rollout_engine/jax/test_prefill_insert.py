@@ -8,14 +8,14 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from models.checkpoints.tiny import TINY_CONFIGS
+from models.config import ModelConfig
+from models.decoder import Decoder
 from rollout_engine.jax.insert import make_insert
 from rollout_engine.jax.prefill import Prefiller, next_pow2
 from rollout_engine.jax.sampling import SamplingConfig
 from rollout_engine.jax.state import init_slots
 from rollout_engine.jax.stops import StopConfig
-from trainer.checkpoints.tiny import TINY_CONFIGS
-from trainer.models.config import ModelConfig
-from trainer.models.decoder import Decoder
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from models.checkpoints.tiny import TINY_CONFIGS
+from models.config import ModelConfig
+from models.decoder import Decoder
 from rollout_engine.jax.batcher import BatcherConfig, ContinuousBatcher
 from rollout_engine.jax.sampling import SamplingConfig
 from rollout_engine.jax.stops import StopConfig
 from rollout_engine.jax.types import Request
-from trainer.checkpoints.tiny import TINY_CONFIGS
-from trainer.models.config import ModelConfig
-from trainer.models.decoder import Decoder
 
 EOS = 0
 FIRST = (5, 9, 30, 41, 7, 7, 12)

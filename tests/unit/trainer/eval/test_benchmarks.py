@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from trainer.data.jsonl_problems import load_jsonl_problems
 from trainer.eval.benchmarks import BENCHMARKS, benchmark_file
-from trainer.rewards.jsonl_problems import load_jsonl_problems
 
 
 def test_a_missing_benchmark_file_says_where_to_put_it(tmp_path, monkeypatch) -> None:

@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 import yaml
 
+from models.checkpoints.hf_io import load_hf_checkpoint
+from models.params import model_from_params
+from models.sharding import make_mesh
 from trainer.__main__ import main
 from trainer.build import train_step_from_config
 from trainer.checkpointing import Checkpointer, Progress
-from trainer.checkpoints.hf_io import load_hf_checkpoint
 from trainer.eval.export import locate_checkpoint
 from trainer.launch.job import _plain
 from trainer.launch.job_config import load_job_config
 from trainer.launch.model_source import resolve_model
-from trainer.models.params import model_from_params
-from trainer.sharding import make_mesh
 
 
 def test_export_matches_the_trainers_logits(tmp_path, monkeypatch) -> None:

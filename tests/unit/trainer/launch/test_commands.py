@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.checkpoints.smollm2 import cache_dir
+from models.checkpoints.smollm2 import cache_dir
 from trainer.config import ConfigError
 from trainer.launch.commands import (
     cpu_bind,

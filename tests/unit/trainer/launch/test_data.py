@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from trainer.data.problem import Problem
 from trainer.launch.data import load_job_data, make_decoder, make_encoder
 from trainer.launch.job_config import load_job_config
-from trainer.rewards.base import Problem
 
 REPO = Path(__file__).resolve().parents[4]
 
@@ -52,7 +52,7 @@ def test_reasoning_gym_split_is_disjoint_and_relabelled():
 
 
 def test_encoder_applies_the_chat_template(tmp_path):
-    from trainer.checkpoints.tiny import make_tokenizer
+    from models.checkpoints.tiny import make_tokenizer
 
     tok = make_tokenizer(tmp_path)
     problem = Problem("p", "What is 1 + 2?", "3", "math")

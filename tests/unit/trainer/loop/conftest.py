@@ -143,12 +143,12 @@ def tiny_step():
     import jax
     from flax import nnx
 
+    from models.checkpoints.tiny import TINY_CONFIGS
+    from models.config import ModelConfig
+    from models.decoder import Decoder
+    from models.sharding import make_mesh
     from trainer.build import train_step_from_config
-    from trainer.checkpoints.tiny import TINY_CONFIGS
     from trainer.config import load_config
-    from trainer.models.config import ModelConfig
-    from trainer.models.decoder import Decoder
-    from trainer.sharding import make_mesh
 
     hf = dict(TINY_CONFIGS["llama"], vocab_size=64, max_position_embeddings=128)
     model = Decoder(ModelConfig.from_hf(hf), rngs=nnx.Rngs(0))

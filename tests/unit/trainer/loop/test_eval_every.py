@@ -12,9 +12,9 @@ import time
 import pytest
 
 from gateway import messages as m
+from trainer.data.problem import Problem
 from trainer.launch.eval_every import EvalEvery, append_row
 from trainer.launch.evaluate import evaluate
-from trainer.rewards.base import Problem
 
 from .test_loop import _lines, _trainer, encode
 
@@ -89,7 +89,8 @@ def test_evaluates_every_n_steps_at_that_version(tmp_path, gateway_run, tiny_ste
 
 
 def test_training_groups_fetched_by_an_evaluation_reach_the_loop(tmp_path, gateway_run, kit):
-    from trainer.rewards import ProblemStream, ScoringPool
+    from trainer.data import ProblemStream
+    from trainer.rewards import ScoringPool
     from trainer.rollout_source import RolloutSource
 
     _, client, _ = gateway_run

@@ -17,9 +17,10 @@ from gateway.client import GatewayClient
 from gateway.config import GatewayConfig, RunSettings
 from gateway.server import GatewayServer
 from trainer.config import load_config
+from trainer.data import ProblemStream
+from trainer.data.problem import Problem
 from trainer.loop import AsyncTrainer
-from trainer.rewards import ProblemStream, ScoringPool
-from trainer.rewards.base import Problem
+from trainer.rewards import ScoringPool
 from trainer.rollout_source import RolloutSource
 
 TARGET = 7  # the conftest engine's rewarded token

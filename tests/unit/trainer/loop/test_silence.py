@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from gateway import messages as m
-from trainer.rewards import ProblemStream, ScoringPool
-from trainer.rewards.base import Problem
+from trainer.data import ProblemStream
+from trainer.data.problem import Problem
+from trainer.rewards import ScoringPool
 from trainer.rollout_source import RolloutSource
 
 PROBLEMS = [Problem(f"p{i}", "", "", "token_fraction", {"token_id": 7}) for i in range(16)]

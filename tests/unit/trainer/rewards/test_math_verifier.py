@@ -2,7 +2,8 @@
 
 import pytest
 
-from trainer.rewards import DEFAULT_GSM8K_DIR, Problem, gold_text, load_gsm8k, make_verifier
+from trainer.data import DEFAULT_GSM8K_DIR, Problem, load_gsm8k
+from trainer.rewards import gold_text, make_verifier
 
 GSM8K_TEST = DEFAULT_GSM8K_DIR / "test.jsonl"
 

@@ -2,7 +2,9 @@
 
 import pytest
 
-from trainer.rewards import Problem, extract_answer, make_verifier, reasoning_gym_problems
+from trainer.data import reasoning_gym_problems
+from trainer.data.problem import Problem
+from trainer.rewards import extract_answer, make_verifier
 
 
 def test_chain_sum_problems_and_rewards():

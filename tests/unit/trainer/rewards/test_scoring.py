@@ -5,13 +5,8 @@ import threading
 import pytest
 
 from gateway.messages import Completion
-from trainer.rewards import (
-    Problem,
-    ScoringPool,
-    TextVerifier,
-    TokenFractionVerifier,
-    reasoning_gym_problems,
-)
+from trainer.data import Problem, reasoning_gym_problems
+from trainer.rewards import ScoringPool, TextVerifier, TokenFractionVerifier
 from trainer.rollouts import RolloutGroup
 
 

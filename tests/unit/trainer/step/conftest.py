@@ -13,9 +13,9 @@ def tiny_model(seed: int = 0):
     """A random 2-layer Llama-shaped Decoder (D=64, V=64) built without transformers."""
     from flax import nnx
 
-    from trainer.checkpoints.tiny import TINY_CONFIGS
-    from trainer.models.config import ModelConfig
-    from trainer.models.decoder import Decoder
+    from models.checkpoints.tiny import TINY_CONFIGS
+    from models.config import ModelConfig
+    from models.decoder import Decoder
 
     hf = dict(TINY_CONFIGS["llama"], vocab_size=VOCAB, max_position_embeddings=128)
     return Decoder(ModelConfig.from_hf(hf), rngs=nnx.Rngs(seed))

@@ -8,10 +8,10 @@ import jax
 import numpy as np
 import pytest
 
+from models.sharding import make_mesh
 from trainer.checkpointing import Checkpointer, Progress
 from trainer.losses import make_loss
 from trainer.optim import OptimizerConfig, make_optimizer
-from trainer.sharding import make_mesh
 from trainer.train_step import TrainStep
 from trainer.user_error import UserError
 

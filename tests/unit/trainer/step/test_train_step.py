@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from models.sharding import make_mesh
 from trainer.logprobs import naive_target_logprobs
 from trainer.losses import make_loss
 from trainer.optim import OptimizerConfig, make_optimizer
-from trainer.sharding import make_mesh
 from trainer.train_step import TrainStep
 
 TEMPERATURE = 0.7

@@ -1,4 +1,4 @@
-"""Blockwise causal attention (`trainer.models.blockwise`) against the dense path: the model's
+"""Blockwise causal attention (`models.blockwise`) against the dense path: the model's
 hidden states and their gradients on every family, and the function alone with Gemma 2's soft
 cap, a sliding window across blocks, padding keys and a block that does not divide T."""
 
@@ -9,11 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from trainer.checkpoints.hf_io import load_hf_checkpoint
-from trainer.models.blockwise import blockwise_attention
-from trainer.models.layers import dense_attention
-from trainer.models.params import flat_params
-from trainer.models.scores import attention_mask
+from models.blockwise import blockwise_attention
+from models.checkpoints.hf_io import load_hf_checkpoint
+from models.layers import dense_attention
+from models.params import flat_params
+from models.scores import attention_mask
 from trainer.train_step import ModelTemplate
 
 T = 37  # not a multiple of any block below

@@ -23,10 +23,10 @@ from safetensors.flax import save_file
 
 from mappings.apply import checkpoint_to_params, params_to_engine
 from mappings.registry import get_family
-from trainer.models.config import ModelConfig
-from trainer.models.decoder import Decoder
-from trainer.models.params import flat_params, model_from_params
-from trainer.sharding import param_sharding, place
+from models.config import ModelConfig
+from models.decoder import Decoder
+from models.params import flat_params, model_from_params
+from models.sharding import param_sharding, place
 
 #: safetensors dtype names -> the numpy dtype of a view (`CheckpointReader.view`).
 _VIEW_DTYPES: dict[str, Any] = {
@@ -147,10 +147,10 @@ def load_hf_checkpoint(
         path: folder with config.json and model.safetensors (or a sharded index).
         dtype: compute dtype; param_dtype: storage dtype (default: dtype).
         mesh: if given, a ("dp", "fsdp") mesh, possibly over several processes; each param is
-            placed with FSDP sharding as it is read (see trainer.sharding), never whole on one
+            placed with FSDP sharding as it is read (see models.sharding), never whole on one
             device first, and each process copies out of the memory-mapped file only the
             slices its devices hold, cast one slice at a time (`CheckpointReader.view`, the
-            mapping's layout change as a numpy view, `trainer.sharding.place`); no process
+            mapping's layout change as a numpy view, `models.sharding.place`); no process
             holds a whole tensor of its own, except where the layout change cannot be a view
             (a padded axis) or a param is replicated (under `min_shard_bytes`).
         min_shard_bytes: params smaller than this are replicated.

@@ -1,5 +1,5 @@
 """Problems from any JSONL file: the prompt is a template over the row's fields, the gold answer
-one field read in an answer form (`trainer.rewards.answer_forms`), scored with math-verify.
+one field read in an answer form (`trainer.data.answer_forms`), scored with math-verify.
 
 ``{"Body": "...", "Question": "...", "Answer": 72}`` with ``template="{Body} {Question}"`` and
 ``answer_field="Answer"`` gives the problem ``jsonl/<file stem>/<line index>``.
@@ -12,8 +12,8 @@ import json
 import string
 from pathlib import Path
 
-from trainer.rewards.answer_forms import AnswerForm, gold_answer, is_prose
-from trainer.rewards.base import Problem
+from trainer.data.answer_forms import AnswerForm, gold_answer, is_prose
+from trainer.data.problem import Problem
 
 
 @dataclasses.dataclass

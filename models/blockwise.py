@@ -1,7 +1,7 @@
 """Blockwise causal attention for the cache-free forward (training, log-prob recomputation):
 memory linear in the sequence length instead of quadratic.
 
-The dense path (`trainer.models.layers.Attention`) materialises the scores of every query
+The dense path (`models.layers.Attention`) materialises the scores of every query
 against every key, [B, K, G, T, T] float32: at T = 16,384 and 32 heads that is 32 GiB per
 sequence per layer. Here the queries are taken `block` at a time; for each query block a
 `jax.lax.scan` runs over the key blocks it can see with the online softmax (a running max and
@@ -22,7 +22,7 @@ positions (`scores.attention_mask`), so padding and any in-block structure are h
 
 Numerics: the products in the model dtype and the softmax in float32, as the dense path; the
 result equals it up to the order of the float32 sums (about 1e-6 relative in fp32, measured in
-`tests/unit/trainer/models/test_blockwise.py`).
+`tests/unit/models/test_blockwise.py`).
 
 Measured (`benchmarks/attention_memory.py`): see that script's last line for the temporary
 bytes of one layer's forward and backward against the dense path's in the same run.
@@ -33,8 +33,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from trainer.models.config import ModelConfig
-from trainer.models.scores import attention_mask, attention_scores
+from models.config import ModelConfig
+from models.scores import attention_mask, attention_scores
 
 
 def blockwise_attention(

@@ -7,8 +7,8 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from mappings.spec import MappingError
-from trainer.checkpoints.hf_io import load_hf_checkpoint
-from trainer.models.config import ModelConfig, UnsupportedModelError
+from models.checkpoints.hf_io import load_hf_checkpoint
+from models.config import ModelConfig, UnsupportedModelError
 
 
 def test_missing_tensor_is_named(tiny_checkpoint, tmp_path):

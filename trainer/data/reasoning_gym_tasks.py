@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.rewards.base import Problem
+from trainer.data.problem import Problem
 
 
 def reasoning_gym_problems(

@@ -8,8 +8,8 @@ from typing import Any
 import jax
 from flax import nnx
 
-from trainer.models.config import ModelConfig
-from trainer.models.decoder import Decoder
+from models.config import ModelConfig
+from models.decoder import Decoder
 
 
 def path_str(path: tuple) -> str:

@@ -7,7 +7,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from trainer.models.config import ModelConfig
+from models.config import ModelConfig
 
 
 @jax.tree_util.register_dataclass

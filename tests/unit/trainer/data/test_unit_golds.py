@@ -7,10 +7,10 @@ import json
 
 import pytest
 
+from trainer.data.answer_forms import gold_answer, is_prose, leading_number
+from trainer.data.jsonl_problems import UnparsedGolds, load_jsonl_problems
 from trainer.eval.problems import eval_problems
 from trainer.launch.job_config import load_job_config
-from trainer.rewards.answer_forms import gold_answer, is_prose, leading_number
-from trainer.rewards.jsonl_problems import UnparsedGolds, load_jsonl_problems
 
 
 @pytest.mark.parametrize(

@@ -12,9 +12,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from trainer.models.config import ModelConfig
-from trainer.models.kv_cache import KVCache
-from trainer.models.layers import MLP, Attention, KeyStream, RMSNorm, _normal
+from models.config import ModelConfig
+from models.kv_cache import KVCache
+from models.layers import MLP, Attention, KeyStream, RMSNorm, _normal
 
 
 class _Embed(nnx.Module):
@@ -107,7 +107,7 @@ class Decoder(nnx.Module):
         """Final hidden states [B, T, D] (after the final norm), without the LM head.
 
         `attention_block` (static, tokens; 0 = dense): without a cache, attend `block`
-        queries at a time when T exceeds it (`trainer.models.blockwise`; the positions must
+        queries at a time when T exceeds it (`models.blockwise`; the positions must
         increase along T)."""
         cfg = self.cfg
         table = self.embed.embedding[...]

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from trainer.data.answer_forms import gold_answer, last_boxed
+from trainer.data.jsonl_problems import load_jsonl_problems, template_fields
 from trainer.eval.benchmarks import data_root
 from trainer.launch.data import load_job_data
 from trainer.launch.job_config import load_job_config
-from trainer.rewards.answer_forms import gold_answer, last_boxed
-from trainer.rewards.jsonl_problems import load_jsonl_problems, template_fields
 from trainer.rewards.math_verifier import MathVerifier
 
 SHARED = data_root()

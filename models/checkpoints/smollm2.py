@@ -4,7 +4,7 @@ The package ships `SmolLM2-135M-Instruct.Q4_1.gguf` (Apache-2.0; Llama architect
 tokenizer and ChatML template inside). We check its sha256, dequantize it with
 transformers' GGUF loader, rebuild a plain `LlamaForCausalLM` (transformers refuses to
 `save_pretrained` a GGUF-loaded model) and save an fp32 safetensors folder with
-`rope_theta=100000` into the cache folder. Run `python -m trainer.checkpoints.smollm2`
+`rope_theta=100000` into the cache folder. Run `python -m models.checkpoints.smollm2`
 (scripts/setup.sh does); a second run returns at once.
 
 The cache folder is `$JAXRL_CACHE_DIR` (default `~/.cache/jaxrl`).

@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from trainer.rewards.base import Problem
+from trainer.data.problem import Problem
 
 #: ``$JAXRL_DATA_DIR/gsm8k``, or ``data/gsm8k`` relative to the working folder.
 DEFAULT_GSM8K_DIR = Path(os.environ.get("JAXRL_DATA_DIR", "data")) / "gsm8k"

@@ -11,9 +11,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from trainer.models.blockwise import blockwise_attention
-from trainer.models.config import ModelConfig, RopeConfig
-from trainer.models.scores import attention_mask, attention_probs
+from models.blockwise import blockwise_attention
+from models.config import ModelConfig, RopeConfig
+from models.scores import attention_mask, attention_probs
 
 _INIT_STD = 0.02
 
@@ -135,7 +135,7 @@ class Attention(nnx.Module):
         the unbounded one), and a decode step then reads kv_len of the S slots.
 
         `block` (static, tokens): without a cache and with T > block, the attention runs
-        `block` queries at a time (`trainer.models.blockwise`: memory O(T · block), not
+        `block` queries at a time (`models.blockwise`: memory O(T · block), not
         O(T²)); the positions must then increase along T. 0: the dense path.
 
         Returns the output [B, T, D] and the updated cache (the call's keys and values

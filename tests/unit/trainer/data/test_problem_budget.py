@@ -9,11 +9,11 @@ import types
 import pytest
 
 from gateway import messages as m
+from trainer.data.jsonl_problems import load_jsonl_problems
+from trainer.data.problem import Problem
+from trainer.data.problem_stream import ProblemStream
 from trainer.launch.data import load_job_data
 from trainer.launch.job_config import load_job_config
-from trainer.rewards.base import Problem
-from trainer.rewards.jsonl_problems import load_jsonl_problems
-from trainer.rewards.problem_stream import ProblemStream
 from trainer.rollout_source import RolloutSource
 
 

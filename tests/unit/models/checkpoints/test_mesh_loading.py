@@ -5,9 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from trainer.checkpoints.hf_io import load_hf_checkpoint
-from trainer.models.params import flat_params
-from trainer.sharding import make_mesh
+from models.checkpoints.hf_io import load_hf_checkpoint
+from models.params import flat_params
+from models.sharding import make_mesh
 
 
 def test_fsdp_mesh_load_matches_single_device(tiny_checkpoint):
@@ -53,8 +53,8 @@ def test_views_of_the_mapped_file_equal_the_read_tensors(tiny_checkpoint, tmp_pa
     """`CheckpointReader.view` (the file's bytes, memory-mapped, read-only) equals `read` for
     fp32 and bf16 tensors, and a mesh load from the views equals a one-device load bit for bit
     (bf16 checkpoint into fp32 params: each slice is cast on its own)."""
-    from trainer.checkpoints.hf_io import CheckpointReader
-    from trainer.checkpoints.tiny import make_tiny_checkpoint
+    from models.checkpoints.hf_io import CheckpointReader
+    from models.checkpoints.tiny import make_tiny_checkpoint
 
     for path in (tiny_checkpoint("llama"), make_tiny_checkpoint(tmp_path / "bf16", "llama",
                                                                  dtype="bfloat16")):  # fmt: skip

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from trainer.checkpoints.hf_io import load_hf_checkpoint
-from trainer.models.kv_cache import KVCache
+from models.checkpoints.hf_io import load_hf_checkpoint
+from models.kv_cache import KVCache
 
 LENGTHS = [12, 7, 3]
 PAD = 3

@@ -2,8 +2,8 @@
 
 import pytest
 
-from trainer.rewards import Problem
-from trainer.rewards.problem_stream import ProblemStream
+from trainer.data import Problem
+from trainer.data.problem_stream import ProblemStream
 
 PROBLEMS = [Problem(f"p{i}", f"q{i}", str(i), "math") for i in range(5)]
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from trainer.rewards.base import Problem
+from trainer.data.problem import Problem
 
 
 class ProblemStream:

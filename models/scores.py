@@ -1,5 +1,5 @@
 """Attention scores to probabilities, shared by every attention path (prefill and training in
-`trainer.models.layers`, one-token decode, the blockwise path in `trainer.models.blockwise`):
+`models.layers`, one-token decode, the blockwise path in `models.blockwise`):
 the visibility mask from positions, scaling, Gemma 2's soft cap, the softmax.
 
 Axis legend: B batch, T query length, S key length (cache slots).
@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from trainer.models.config import ModelConfig
+from models.config import ModelConfig
 
 
 def attention_mask(q_pos: jax.Array, k_pos: jax.Array, sliding_window: int | None) -> jax.Array:

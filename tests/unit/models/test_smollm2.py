@@ -7,9 +7,9 @@ import torch
 from flax import nnx
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trainer.checkpoints.hf_io import load_hf_checkpoint
-from trainer.checkpoints.smollm2 import smollm2_available, smollm2_path
-from trainer.models.kv_cache import KVCache
+from models.checkpoints.hf_io import load_hf_checkpoint
+from models.checkpoints.smollm2 import smollm2_available, smollm2_path
+from models.kv_cache import KVCache
 
 pytestmark = [
     pytest.mark.slow,
