@@ -47,12 +47,14 @@ data plane and of JAX's CPU collectives); other trainer processes and engines th
 range (their gloo listeners)."""
 
 
-def child_env(cache: Path, **extra: str) -> dict[str, str]:
+def child_env(cache: Path | None, drop: tuple[str, ...] = (), **extra: str) -> dict[str, str]:
     """This process's environment for a process of the job: without XLA_FLAGS (each process
-    gets its own device count), on CPU, with the model cache (`JAXRL_CACHE_DIR`) at `cache`,
-    unbuffered, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env |= {"JAX_PLATFORMS": "cpu", "JAXRL_CACHE_DIR": str(cache), "PYTHONUNBUFFERED": "1"}
+    gets its own device count) and without the `drop` names, on CPU, unbuffered, with the model
+    cache (`JAXRL_CACHE_DIR`) at `cache` when given, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS" and k not in drop}
+    env |= {"JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    if cache is not None:
+        env["JAXRL_CACHE_DIR"] = str(cache)
     return env | extra
 
 
@@ -80,6 +82,7 @@ class MainJobOnHosts:
     gateway_args: list[str] = field(default_factory=list)
     config: Path = REPO / "configs" / "smoke.yaml"
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    model: Path | None = field(default=None, init=False)  # the model folder `start` resolved
 
     @property
     def gateway_host(self) -> str:

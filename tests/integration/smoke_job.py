@@ -5,23 +5,20 @@ rows of a run's JSONL files."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
+
+from deploy.local.hosts_job import child_env as hosts_child_env
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def child_env(tmp_path: Path | None = None, drop: tuple[str, ...] = (), **extra: str) -> dict:
-    """This process's environment for a child: without XLA_FLAGS (the test process forces 8
-    host devices; a launcher gives each of its children its own count), on CPU, with the
-    model cache (`JAXRL_CACHE_DIR`) in ``tmp_path/cache`` when given, without the `drop`
-    names, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS" and k not in drop}
-    env["JAX_PLATFORMS"] = "cpu"
-    if tmp_path is not None:
-        env["JAXRL_CACHE_DIR"] = str(tmp_path / "cache")
-    return env | extra
+    """This process's environment for a child (`deploy.local.hosts_job.child_env`): without
+    XLA_FLAGS (the test process forces 8 host devices; a launcher gives each of its children
+    its own count), on CPU, with the model cache (`JAXRL_CACHE_DIR`) in ``tmp_path/cache`` when
+    given, without the `drop` names, plus `extra`."""
+    return hosts_child_env(tmp_path / "cache" if tmp_path is not None else None, drop, **extra)
 
 
 def smoke_command(run_dir: Path, *overrides: str) -> list[str]:
