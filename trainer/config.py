@@ -1,5 +1,5 @@
-"""The run's configuration: pydantic models for the model, trainer, loss, optimizer and rollout
-sections, read from YAML with ``section.key=value`` overrides. Imports no ML library, so an
+"""The run's configuration: pydantic models for the model, trainer, loss, optimizer, rollout and
+sync sections, read from YAML with ``section.key=value`` overrides. Imports no ML library, so an
 entry point can parse and check its config in well under a second.
 
 Every model forbids unknown keys; `load_config` reports the first bad key or value by its dotted
@@ -213,6 +213,20 @@ class RolloutSection(_Section):
         return (steps - 1) * prompts_per_step
 
 
+class SyncSection(_Section):
+    """How each new weight version reaches the engines."""
+
+    background: bool = False
+    """True: the loop copies each new version to host buffers and trains on while a thread
+    pushes the newest copy (versions offered during a push are skipped;
+    `trainer.publish.background`), and prompts are leased to engines whose loaded version is
+    within rollout.max_lag of the trainer's newest. False: every update waits until every
+    engine loaded its version (the synchronous push)."""
+    flush_timeout_s: float = Field(default=600.0, gt=0)
+    """With background: seconds the end of a completed run waits for the last version's
+    push (the engines then serve the final weights)."""
+
+
 class Config(_Section):
     """A whole run."""
 
@@ -221,6 +235,7 @@ class Config(_Section):
     loss: LossSection = Field(default_factory=LossSection)
     optim: OptimSection = Field(default_factory=OptimSection)
     rollout: RolloutSection = Field(default_factory=RolloutSection)
+    sync: SyncSection = Field(default_factory=SyncSection)
 
     @model_validator(mode="after")
     def _batch_divides(self) -> Config:

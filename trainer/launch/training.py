@@ -218,6 +218,11 @@ def train_and_evaluate(
                 source, log_eval,
             )  # fmt: skip
             loop_step, loop_publisher, loop_checkpointer = step, publisher, checkpointer
+            if leader is not None and cfg.sync.background:
+                raise ValueError(
+                    "sync.background: expected false with several trainer processes (each "
+                    "version is pushed by all of them together, from the train state)"
+                )
             if leader is not None:  # every trainer process takes these (trainer.leader)
                 loop_step = LeaderStep(step, leader)  # type: ignore[assignment]
                 loop_publisher = LeaderPublisher(publisher, leader)  # type: ignore[assignment]

@@ -3,7 +3,7 @@ time, a whole CPU-held param as a view of its own buffer."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jax.numpy as jnp
@@ -52,3 +52,21 @@ def flat_of(model_or_params: Any) -> Mapping:
     from models.params import flat_params
 
     return flat_params(model_or_params)
+
+
+def host_copies(
+    items: Iterable[tuple[str, Any]], spare: Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """Host copies of (name, array) items by name, each written into `spare`'s buffer of
+    that name when its shape and dtype match (no page faults: a copy into fresh arrays was
+    several times slower than one into kept ones), a new array otherwise."""
+    out = {}
+    for name, x in items:
+        src = np.asarray(x)
+        buf = spare.get(name)
+        if buf is not None and buf.shape == src.shape and buf.dtype == src.dtype:
+            np.copyto(buf, src)
+            out[name] = buf
+        else:
+            out[name] = np.array(src)
+    return out

@@ -81,7 +81,7 @@ from gateway.errors import GatewayError
 from mappings.apply import params_to_engine
 from mappings.registry import get_family
 from mappings.spec import Family, expand
-from trainer.publish.host_views import HostView, flat_of
+from trainer.publish.host_views import HostView, flat_of, host_copies
 from trainer.publish.local_shards import LocalBlocks, engine_arrays, local_blocks
 from trainer.publish.waits import EngineWaits, MembersLost, PushError, gone_from, ids_of
 from transport.base import SendStats, TransferError, WeightSender
@@ -294,6 +294,7 @@ class WeightPublisher:
             log.info("catching %s up to version %d", list(ids_of(behind)), version)
             return self._push_once(tensors, version, behind).engines
         finally:
+            self.waits.cancelled.clear()
             self._lock.release()
 
     def manifest(self, version: int, tp_size: int = 1) -> Manifest:
@@ -336,6 +337,7 @@ class WeightPublisher:
                 not enough.
             GatewayError: the gateway refused the publication (e.g. a version not above the
                 current one).
+            PushError: also when `cancel_push` ended it.
         """
         if self.senders > 1:
             raise TypeError("a publisher of several senders pushes with push_blocks")
@@ -344,10 +346,22 @@ class WeightPublisher:
             tensors = engine_arrays(self.family, self.cfg, params, self.dtype, self.jax_dims)
             return self.push_blocks(local_blocks(tensors, version, 0, on_device=True))
         with self._lock:
-            stats = self._push(params, version)
+            try:
+                stats = self._push(params, version)
+            finally:
+                self.waits.cancelled.clear()
             if self._keep_last:
                 self._last = (version, self._host_copy(params))
             return stats
+
+    def cancel_push(self) -> None:
+        """End the push in flight (from another thread: a stop while a background push
+        runs, `trainer.publish.background`): its waits on the engines and the forming of a
+        collective group raise `PushError` at their next poll (at most a second). A
+        collective send under way is not interrupted (it ends within the transport's
+        `timeout_s`). Called while no push runs, it ends the next one (or the next
+        catch-up) at its first wait: the caller is stopping."""
+        self.waits.cancelled.set()
 
     def push_blocks(self, blocks: LocalBlocks) -> PushStats:
         """As `push`, for process 0 of several sending trainer processes (`senders` > 1):
@@ -368,15 +382,7 @@ class WeightPublisher:
         buffers when they fit (no page faults after the first push, which made a copy into
         fresh arrays several times slower than one into kept ones)."""
         old = self._last[1] if self._last is not None else {}
-        out = {}
-        for name, x in self._engine_tensors(params):
-            buf = old.get(name)
-            if buf is not None and buf.shape == x.shape and buf.dtype == x.dtype:
-                np.copyto(buf, x)
-                out[name] = buf
-            else:
-                out[name] = np.array(x)
-        return out
+        return host_copies(self._engine_tensors(params), old)
 
     def _push_once(
         self, tensors: Mapping[str, np.ndarray], version: int, members: tuple
@@ -555,6 +561,8 @@ class WeightPublisher:
             return
 
         def abandon() -> str | None:
+            if self.waits.cancelled.is_set():
+                return "the push was cancelled (the trainer is stopping)"
             gone = self.waits.left(version, ids)[1]
             return f"engines {gone} left" if gone else None
 

@@ -5,6 +5,7 @@ collective is pinned on (see "Elastic pushes" in `trainer.publish.publisher`).""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 from gateway import messages as m
@@ -67,6 +68,13 @@ class EngineWaits:
         self.loaded_timeout_s = loaded_timeout_s
         self.settle_s = settle_s
         self.peer_grace_s = peer_grace_s
+        self.cancelled = threading.Event()
+
+    def check_cancelled(self, version: int) -> None:
+        """Raises PushError when `cancelled` is set (`WeightPublisher.cancel_push`: a stop
+        while a push is in flight); every wait here checks it at each poll."""
+        if self.cancelled.is_set():
+            raise PushError(version, "cancelled (the trainer is stopping)")
 
     def live_engines(
         self, version: int, lost: list[str] | None = None
@@ -76,6 +84,7 @@ class EngineWaits:
         that left during this push (named in the error)."""
         deadline = time.monotonic() + self.ready_timeout_s
         while True:
+            self.check_cancelled(version)
             status = self.client.status()
             members = tuple(sorted((e.engine_id, max(1, e.tp_size)) for e in status.engines))
             if len(members) >= self.min_engines:
@@ -99,6 +108,7 @@ class EngineWaits:
         that attempt cannot count against the next one."""
         deadline = time.monotonic() + self.settle_s
         while time.monotonic() < deadline:
+            self.check_cancelled(version)
             states = {s.engine_id: s for s in self.client.wait_sync(version, 0.0, "loaded").engines}
             if all(e not in states or states[e].phase in ("failed", "loaded") for e in ids):
                 return
@@ -149,15 +159,17 @@ class EngineWaits:
         Raises:
             MembersLost: (collective) a member failed and members left within
                 `peer_grace_s`: a dead rank broke the group (`_pin_on_lost`).
-            PushError: a member failed the version, or one was late past `timeout_s`.
+            PushError: a member failed the version, one was late past `timeout_s`, or the
+                push was cancelled (`cancelled`, checked at least once a second).
         """
         key = "ready_timeout_s" if phase == "ready" else "loaded_timeout_s"
         timeout_s = self.ready_timeout_s if phase == "ready" else self.loaded_timeout_s
         t0 = last = time.monotonic()
         reached: set[str] = set()
         while True:
+            self.check_cancelled(version)
             left = last + timeout_s - time.monotonic()
-            r = self.client.wait_sync(version, min(max(left, 0.0), 5.0), phase)
+            r = self.client.wait_sync(version, min(max(left, 0.0), 1.0), phase)
             states = {s.engine_id: s for s in r.engines}
             gone = [e for e in ids if e not in states]
             if gone:
