@@ -92,8 +92,11 @@ def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
-def run_job(a: argparse.Namespace, max_lag: int, task: Path, run_dir: Path) -> dict:
-    """One job at `max_lag`; returns its figures (see the module docstring).
+def run_job(
+    a: argparse.Namespace, max_lag: int, task: Path, run_dir: Path, extra: tuple[str, ...] = ()
+) -> dict:
+    """One job at `max_lag` (with `extra` overrides, ``section.key=value``); returns its figures
+    (see the module docstring); its log is ``<run_dir>.log``.
 
     Raises:
         RuntimeError: the job failed or wrote fewer than --steps metrics rows.
@@ -105,9 +108,10 @@ def run_job(a: argparse.Namespace, max_lag: int, task: Path, run_dir: Path) -> d
         f"rollout.max_lag={max_lag}", "trainer.checkpoint_every=0", "eval.size=0",
         "data.source=jsonl", f"data.path={task}", f"data.size={a.rows}",
         "data.max_new_tokens_field=budget", f"rollout.max_new_tokens={a.short * a.factor}",
+        *extra,
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
-    log = (run_dir.parent / f"lag{max_lag}.log").open("w")
+    log = run_dir.with_suffix(".log").open("w")
     t_start = time.monotonic()
     job = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     metrics, children = run_dir / "metrics.jsonl", run_dir / "logs" / "children.json"
@@ -168,11 +172,10 @@ def run_job(a: argparse.Namespace, max_lag: int, task: Path, run_dir: Path) -> d
     }
 
 
-def main() -> None:
-    """Run the job at each max_lag; print a line per run and the JSON line."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lags", default="0,1,2")
-    ap.add_argument("--steps", type=int, default=40, help="updates per run (N)")
+def job_args(ap: argparse.ArgumentParser, steps: int) -> None:
+    """Add the options of `run_job` and `write_task` to `ap` (`steps`: the default of
+    ``--steps``)."""
+    ap.add_argument("--steps", type=int, default=steps, help="updates per run (N)")
     ap.add_argument("--warmup", type=int, default=5, help="leading updates left out")
     ap.add_argument("--short", type=int, default=16, help="budget of a short prompt (tokens)")
     ap.add_argument("--factor", type=int, default=8, help="a long prompt's budget / short")
@@ -182,11 +185,24 @@ def main() -> None:
     ap.add_argument("--trainer-cpu", type=int, default=1)
     ap.add_argument("--timeout-s", type=float, default=400.0, help="per run")
     ap.add_argument("--keep", type=Path, help="keep the run folders here")
+
+
+def parse_job_args(ap: argparse.ArgumentParser) -> argparse.Namespace:
+    """Parse the command line; exits with the reason on bad options or without taskset."""
     a = ap.parse_args()
     if not 1 <= a.warmup < a.steps:
         raise SystemExit(f"need 1 <= --warmup < --steps; got {a.warmup}, {a.steps}")
     if shutil.which("taskset") is None:
         raise SystemExit("taskset (util-linux) is needed to pin the processes")
+    return a
+
+
+def main() -> None:
+    """Run the job at each max_lag; print a line per run and the JSON line."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lags", default="0,1,2")
+    job_args(ap, steps=40)
+    a = parse_job_args(ap)
     from trainer.launch.job_config import load_job_config
 
     smoke = load_job_config(REPO / "configs" / "smoke.yaml", []).run

@@ -55,6 +55,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 import time
 from collections import defaultdict
 
@@ -82,6 +83,9 @@ log = logging.getLogger(__name__)
 SHUTDOWN, STOPPED, LOST, DROPPED, ERROR = "shutdown", "stopped", "lost", "dropped", "error"
 #: The backend's inference core died (`rollout_engine.dead_core`): the worker stops leasing.
 BACKEND_DEAD = "backend dead"
+#: Test-only: seconds an engine waits after acking "ready" before it loads a version (a slow
+#: engine's load; it keeps serving its old version meanwhile). Unset or 0 in every real run.
+LOAD_DELAY_ENV = "JAXRL_TEST_LOAD_DELAY_S"
 # At a gateway shutdown, how long a return call already in flight may finish (seconds): the
 # gateway may have taken its groups, and `WorkerStats.groups_returned` counts them only then.
 SHUTDOWN_RETURN_S = 1.0
@@ -377,6 +381,9 @@ class EngineWorker:
             return await self._failed_update(d, e)
         await self._call(self.client.ack_version, self.engine_id, v, "ready", seq=d.seq)
         try:
+            delay_s = float(os.environ.get(LOAD_DELAY_ENV) or 0.0)
+            if delay_s > 0:  # a test's slow engine (tests/integration/test_background_push.py)
+                await asyncio.sleep(delay_s)
             group = (plan.group, plan.transport)
             if group != self._group:
                 self._group = None
