@@ -148,7 +148,9 @@ class AsyncTrainer:
       on_groups: called after it with the update's step and the groups it trained on.
       after_update: called with (step, version) after each applied update and its checkpoint,
         before the next one (the in-loop evaluation, `trainer.launch.eval_every`); it raises to
-        stop the run.
+        stop the run. With background pushes, when it has a ``due(step)`` method that answers
+        True, the loop first waits for the engines to commit `version` (`BackgroundPusher.
+        flush`): an evaluation samples from the version it names.
       stop_requested: polled between updates and while collecting; a non-empty answer (the
         reason, e.g. "interrupted (SIGINT)") stops the run after a checkpoint (see the module
         docstring).
@@ -255,6 +257,7 @@ class AsyncTrainer:
                 ):
                     self._save()
                 if self.after_update is not None:
+                    self._flush_if_due()
                     self.after_update(self._done, self.version)
             else:
                 if self.pusher is not None:  # the engines serve the final version
@@ -342,6 +345,11 @@ class AsyncTrainer:
                 }
             )
         return got
+
+    def _flush_if_due(self) -> None:
+        due = getattr(self.after_update, "due", None)
+        if self.pusher is not None and due is not None and due(self._done):
+            self.pusher.flush(self.config.sync.flush_timeout_s)
 
     def _min_version(self) -> int:
         """The `min_version` of new prompts: the current version, or with background pushes

@@ -150,3 +150,31 @@ def test_a_stop_while_a_push_is_in_flight_cancels_it(tmp_path, gateway_run, tiny
     assert trainer.pusher is not None and trainer.pusher.committed == 1
     assert not trainer.pusher.alive and _push_threads() == []
     assert summary.steps >= 2
+
+
+class EveryTwo:
+    """An after_update hook due at even steps (as `EvalEvery`): records, when due, the step,
+    its version and the version the engine committed then."""
+
+    def __init__(self, client: GatewayClient) -> None:
+        self.client = client
+        self.seen: list[tuple[int, int, int]] = []
+
+    def due(self, step: int) -> bool:
+        return step % 2 == 0
+
+    def __call__(self, step: int, version: int) -> None:
+        if self.due(step):
+            engine = self.client.status().engines[0]
+            self.seen.append((step, version, int(engine.weight_version)))
+
+
+def test_a_due_after_update_hook_sees_the_engines_at_its_version(tmp_path, gateway_run, tiny_step):
+    _, client, _ = gateway_run
+    hook = EveryTwo(client)
+    trainer, scoring = _trainer(
+        tmp_path, client, tiny_step, GatedPublisher(client), 1, after_update=hook
+    )
+    with scoring:
+        trainer.run(4)
+    assert hook.seen == [(2, 2, 2), (4, 4, 4)]
