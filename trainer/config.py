@@ -221,7 +221,10 @@ class SyncSection(_Section):
     pushes the newest copy (versions offered during a push are skipped;
     `trainer.publish.background`), and prompts are leased to engines whose loaded version is
     within rollout.max_lag of the trainer's newest. False: every update waits until every
-    engine loaded its version (the synchronous push)."""
+    engine loaded its version (the synchronous push). False by default: on the smoke job
+    (`benchmarks/background_push.py`, max_lag 1) background pushes gave 1.08x the steps/hour
+    but 2.7x the groups dropped for lag (prompts leased to engines a version behind), and a
+    push there (0.08 s) is a small part of a step (0.2 s)."""
     flush_timeout_s: float = Field(default=600.0, gt=0)
     """With background: seconds the end of a completed run waits for the last version's
     push (the engines then serve the final weights)."""

@@ -9,8 +9,9 @@ by the `BackgroundPusher`, and the train step.
   of them (nor a half-loaded one) ever served a token;
 - an engine killed while it loads a background push: the push commits on the other engine, the
   run completes, every submitted group is accounted for;
-- a stop while a push is in flight: the push is cancelled, no push thread is left, the engine
-  stops cleanly at the gateway's shutdown.
+- a stop while a push is in flight (the engine acked "ready" and is still loading): the send
+  under way runs to its end, the wait for "loaded" is cancelled, no push thread is left, the
+  engine committed nothing half-loaded and stops cleanly at the gateway's shutdown.
 """
 
 from __future__ import annotations

@@ -356,11 +356,13 @@ class WeightPublisher:
 
     def cancel_push(self) -> None:
         """End the push in flight (from another thread: a stop while a background push
-        runs, `trainer.publish.background`): its waits on the engines and the forming of a
-        collective group raise `PushError` at their next poll (at most a second). A
-        collective send under way is not interrupted (it ends within the transport's
-        `timeout_s`). Called while no push runs, it ends the next one (or the next
-        catch-up) at its first wait: the caller is stopping."""
+        runs, `trainer.publish.background`): its waits before the publication and after the
+        send raise `PushError` at their next poll (at most a second). The part between, from
+        the engines' "ready" to the end of the send, runs to its end (bounded by the
+        transport's `timeout_s`): engines that acked "ready" are entering the receive, and
+        leaving them there would block them until that timeout. Called while no push runs,
+        it ends the next one (or the next catch-up) at its first cancellable wait: the caller
+        is stopping."""
         self.waits.cancelled.set()
 
     def push_blocks(self, blocks: LocalBlocks) -> PushStats:
@@ -561,8 +563,6 @@ class WeightPublisher:
             return
 
         def abandon() -> str | None:
-            if self.waits.cancelled.is_set():
-                return "the push was cancelled (the trainer is stopping)"
             gone = self.waits.left(version, ids)[1]
             return f"engines {gone} left" if gone else None
 

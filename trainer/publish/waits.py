@@ -72,7 +72,10 @@ class EngineWaits:
 
     def check_cancelled(self, version: int) -> None:
         """Raises PushError when `cancelled` is set (`WeightPublisher.cancel_push`: a stop
-        while a push is in flight); every wait here checks it at each poll."""
+        while a push is in flight). Checked at each poll of the waits before the version is
+        published (`live_engines`, `settle`) and after the send ("loaded"), never between: an
+        engine that acked "ready" is entering the data plane's receive, and a sender gone then
+        would leave it blocked there until the transport's timeout."""
         if self.cancelled.is_set():
             raise PushError(version, "cancelled (the trainer is stopping)")
 
@@ -159,15 +162,17 @@ class EngineWaits:
         Raises:
             MembersLost: (collective) a member failed and members left within
                 `peer_grace_s`: a dead rank broke the group (`_pin_on_lost`).
-            PushError: a member failed the version, one was late past `timeout_s`, or the
-                push was cancelled (`cancelled`, checked at least once a second).
+            PushError: a member failed the version, one was late past `timeout_s`, or (the
+                "loaded" wait only) the push was cancelled (`cancelled`, checked at least once
+                a second).
         """
         key = "ready_timeout_s" if phase == "ready" else "loaded_timeout_s"
         timeout_s = self.ready_timeout_s if phase == "ready" else self.loaded_timeout_s
         t0 = last = time.monotonic()
         reached: set[str] = set()
         while True:
-            self.check_cancelled(version)
+            if phase == "loaded":  # before the send, engines that acked may be receiving
+                self.check_cancelled(version)
             left = last + timeout_s - time.monotonic()
             r = self.client.wait_sync(version, min(max(left, 0.0), 1.0), phase)
             states = {s.engine_id: s for s in r.engines}
