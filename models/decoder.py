@@ -116,7 +116,7 @@ class Decoder(nnx.Module):
         increase along T).
 
         Without a cache, `scan_layers` runs the layers as one `jax.lax.scan` over their params
-        stacked inside the call (`models.scan`: compile time flat in depth, one transient
+        stacked inside the call (`models.scan`: one layer body in the program, one transient
         copy of the layer params per call), and `remat` (a `models.scan.REMAT_POLICIES`
         name) checkpoints each layer for the backward pass; the trainer's forward uses both.
         With a cache (the JAX engine's prefill and decode) the layers run in a Python loop:

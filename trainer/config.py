@@ -44,11 +44,12 @@ class ModelSection(_Section):
     is faster than bfloat16 on CPU: `benchmarks/model_scale.py`)."""
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     """Storage dtype of the trained params (the master weights) and of the optimizer moments."""
-    scan_layers: bool = True
+    scan_layers: bool = False
     """Run the trainer's forward over the layers as one `jax.lax.scan` over their params
-    stacked inside the step (compile time flat in depth; one transient copy of the layer
-    params per step); false: a Python loop over the layers. The JAX engine's cached decode
-    always loops (a KV cache entry per layer)."""
+    stacked inside the step (`models.scan`: one layer body in the program; one transient copy
+    of the layer params per step); false: a Python loop over the layers, the default because
+    it compiled faster and peaked lower on the CPU measured (`benchmarks/model_scale.py`).
+    The JAX engine's cached decode always loops (a KV cache entry per layer)."""
     remat: Literal[
         "none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "everything_saveable"
     ] = "none"
