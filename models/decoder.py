@@ -15,6 +15,7 @@ from flax import nnx
 from models.config import ModelConfig
 from models.kv_cache import KVCache
 from models.layers import MLP, Attention, KeyStream, RMSNorm, _normal
+from models.scan import loop_blocks, scan_blocks
 
 
 class _Embed(nnx.Module):
@@ -103,27 +104,48 @@ class Decoder(nnx.Module):
         cache: KVCache | None = None,
         kv_len: int | None = None,
         attention_block: int = 0,
+        *,
+        scan_layers: bool = False,
+        remat: str = "none",
     ) -> tuple[jax.Array, KVCache | None]:
-        """Final hidden states [B, T, D] (after the final norm), without the LM head.
+        """Final hidden states [B, T, D] in the compute dtype (after the final norm), without
+        the LM head.
 
         `attention_block` (static, tokens; 0 = dense): without a cache, attend `block`
         queries at a time when T exceeds it (`models.blockwise`; the positions must
-        increase along T)."""
+        increase along T).
+
+        Without a cache, `scan_layers` runs the layers as one `jax.lax.scan` over their params
+        stacked inside the call (`models.scan`: one layer body in the program, one transient
+        copy of the layer params per call), and `remat` (a `models.scan.REMAT_POLICIES`
+        name) checkpoints each layer for the backward pass; the trainer's forward uses both.
+        With a cache (the JAX engine's prefill and decode) the layers run in a Python loop:
+        each layer reads and writes its own cache entry (`KVCache` holds one [B, S, K, H]
+        pair per layer), and `scan_layers` / `remat` are ignored there.
+
+        Raises:
+            ValueError: an unknown remat name.
+        """
         cfg = self.cfg
         table = self.embed.embedding[...]
         x = jnp.take(table, tokens, axis=0).astype(cfg.dtype)  # [B, T, D]
         if cfg.embed_scale:
             x = x * jnp.asarray(math.sqrt(cfg.hidden_size), dtype=table.dtype).astype(cfg.dtype)
+        if cache is None:
+
+            def call(block: nnx.Module, h: jax.Array) -> jax.Array:
+                return block(h, positions, None, None, attention_block)[0]
+
+            run = scan_blocks if scan_layers else loop_blocks
+            return self.final_norm(run(list(self.layers), x, call, remat)), None
         new_k, new_v = [], []
         for i, block in enumerate(self.layers):
             with jax.named_scope(f"layer_{i}"):
-                kv = None if cache is None else (cache.k[i], cache.v[i])
-                x, kv = block(x, positions, kv, kv_len, attention_block)
-            if kv is not None:
-                new_k.append(kv[0])
-                new_v.append(kv[1])
-        new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v))
-        return self.final_norm(x), new_cache
+                x, kv = block(x, positions, (cache.k[i], cache.v[i]), kv_len, attention_block)
+            assert kv is not None  # a layer given its cache entry returns the updated one
+            new_k.append(kv[0])
+            new_v.append(kv[1])
+        return self.final_norm(x), KVCache(k=tuple(new_k), v=tuple(new_v))
 
     def lm_head_weight(self) -> jax.Array:
         """The LM head as [D, V] in param dtype (the embedding transposed when tied)."""

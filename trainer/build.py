@@ -44,8 +44,8 @@ def optimizer_config(cfg: Config) -> OptimizerConfig:
 def train_step_from_config(cfg: Config, model: Decoder, mesh: Mesh) -> TrainStep:
     """The compiled `TrainStep` of `model` on `mesh` as `cfg` describes it: the loss, AdamW,
     the sampling temperature and truncation (top-k, top-p), micro-batches, log-prob chunk size,
-    attention block and FSDP threshold; with a KL term (``loss.kl_coef > 0``) `model`, as it
-    is now, becomes the frozen reference."""
+    attention block, FSDP threshold, scanned layers and remat; with a KL term
+    (``loss.kl_coef > 0``) `model`, as it is now, becomes the frozen reference."""
     step = TrainStep(
         model,
         loss_from_config(cfg),
@@ -58,6 +58,8 @@ def train_step_from_config(cfg: Config, model: Decoder, mesh: Mesh) -> TrainStep
         chunk_size=cfg.trainer.logprob_chunk_size,
         attention_block=cfg.trainer.attention_block,
         min_shard_bytes=cfg.trainer.min_shard_bytes,
+        scan_layers=cfg.model.scan_layers,
+        remat=cfg.model.remat,
     )
     if cfg.loss.kl_coef > 0:
         step.set_reference(model)

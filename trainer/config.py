@@ -38,9 +38,24 @@ class ModelSection(_Section):
     path: str = ""
     """HF safetensors folder (config.json, model.safetensors, tokenizer)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Compute dtype of the trainer (float32 is faster than bfloat16 on CPU)."""
+    """Compute dtype of the trainer's forward: activations, and each weight cast to it where
+    it is used. bfloat16 with `param_dtype` float32 is bf16 mixed precision with fp32 master
+    weights; the LM head, log-softmax and token log-probs stay float32 either way (float32
+    is faster than bfloat16 on CPU: `benchmarks/model_scale.py`)."""
     param_dtype: Literal["float32", "bfloat16"] = "float32"
-    """Storage dtype of the trained params (and of the optimizer moments)."""
+    """Storage dtype of the trained params (the master weights) and of the optimizer moments."""
+    scan_layers: bool = False
+    """Run the trainer's forward over the layers as one `jax.lax.scan` over their params
+    stacked inside the step (`models.scan`: one layer body in the program; one transient copy
+    of the layer params per step); false: a Python loop over the layers, the default because
+    it compiled faster and peaked lower on the CPU measured (`benchmarks/model_scale.py`).
+    The JAX engine's cached decode always loops (a KV cache entry per layer)."""
+    remat: Literal[
+        "none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "everything_saveable"
+    ] = "none"
+    """Per-layer rematerialisation of the trainer's backward pass (`jax.checkpoint_policies`):
+    none keeps every activation; full recomputes each layer's; dots_saveable keeps the matmul
+    outputs only."""
 
 
 class TrainerSection(_Section):

@@ -28,6 +28,7 @@ from jax.sharding import PartitionSpec as P
 
 from models.decoder import Decoder
 from models.params import flat_params, path_str
+from models.scan import remat_policy
 from models.sharding import host_value, param_sharding, put
 from trainer.batch import BATCH_AXES, RLBatch, shard_batch
 from trainer.gap import GAP_SETS, gap_metrics
@@ -121,6 +122,18 @@ class TrainStep:
       attention_block: tokens per block of the attention when the padded length L exceeds
         it (`models.blockwise`: memory O(L · block)); 0 keeps the dense path.
       min_shard_bytes: params below this size are replicated.
+      scan_layers: run the layers as one `jax.lax.scan` over their stacked params
+        (`models.scan`); False: a Python loop over the layers. Same values either way.
+      remat: the per-layer remat policy, a `models.scan.REMAT_POLICIES` name ("none": keep
+        every activation for the backward pass).
+
+    Precision: the params (master weights) and the optimizer state keep the model's
+    ``param_dtype``; the forward casts each weight to ``cfg.dtype`` where it is used, so
+    ``dtype="bfloat16", param_dtype="float32"`` is bf16 mixed precision with fp32 master
+    weights and fp32 Adam moments (optax follows the params' dtype), and the gradients reach
+    the master weights in fp32. The LM head, the log-softmax and the gathered token log-probs
+    are always float32 (`trainer.logprobs`: the hidden states and the head are cast up), as are
+    the loss and its reductions.
 
     A loss with ``kl_coef > 0`` needs a frozen reference policy: call `set_reference` first.
     """
@@ -139,7 +152,10 @@ class TrainStep:
         chunk_size: int = 1024,
         min_shard_bytes: int = 1 << 16,
         attention_block: int = 0,
+        scan_layers: bool = False,
+        remat: str = "none",
     ):
+        remat_policy(remat)  # raises on an unknown name
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0; got {temperature}")
         if micro_batches < 1:
@@ -159,6 +175,8 @@ class TrainStep:
         self.chunk_size = int(chunk_size)
         self.attention_block = int(attention_block)
         self.min_shard_bytes = int(min_shard_bytes)
+        self.scan_layers = bool(scan_layers)
+        self.remat = remat
         self._abstract = {
             k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in flat_params(model).items()
         }
@@ -246,13 +264,26 @@ class TrainStep:
                 host = {k: v for k, v in host.items() if not k.startswith(f"gap/{name}/")}
         return new_state, host
 
+    def lower(self, batch: RLBatch) -> Any:
+        """The step lowered for `batch`'s shapes against `abstract_state()` (no state is
+        allocated): ``.compile()`` gives the executable, called as
+        ``compiled(state, shard_batch(batch, mesh), None)`` -> (new state, metrics arrays), and
+        its ``memory_analysis()`` XLA's planned bytes. A KL loss is lowered without its
+        reference term. For benchmarks of compile time and memory."""
+        sharded = shard_batch(batch, self.mesh)
+        return self._jitted.lower(self.abstract_state(), sharded, None)
+
     def _logprobs(self, params: Params, mb: RLBatch) -> jax.Array:
         """[M, L] float32 log-probs of the micro-batch's targets at the sampling temperature."""
         model = self.template.merge(params)
         tokens, positions = jnp.asarray(mb.tokens), jnp.asarray(mb.positions)
         hidden, _ = model.hidden(
-            tokens, positions, attention_block=self.attention_block
-        )  # [M, L, D]
+            tokens,
+            positions,
+            attention_block=self.attention_block,
+            scan_layers=self.scan_layers,
+            remat=self.remat,
+        )  # [M, L, D] in the compute dtype; the log-probs below are float32
         return fused_target_logprobs(
             hidden,
             model.lm_head_weight(),

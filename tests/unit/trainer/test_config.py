@@ -44,6 +44,9 @@ def test_yaml_then_overrides(tmp_path):
         (["trainer.micro_batches=3"], "trainer.micro_batches=3 must divide the batch of"),
         (["loss.name=dapo", "loss.aggregation=token_mean"], "loss dapo fixes its aggregation"),
         (["trainer.fsdp=0"], "fsdp must be >= 1 or -1"),
+        (["model.remat=dots"], "model.remat: Input should be 'none', 'full', 'dots_saveable'"),
+        (["model.dtype=float16"], "model.dtype: Input should be 'float32' or 'bfloat16'"),
+        (["model.scan_layers=maybe"], "model.scan_layers: Input should be a valid boolean"),
     ],
 )
 def test_bad_keys_and_values_name_the_key(overrides, message):
