@@ -62,6 +62,7 @@ from transport.base import (
     unpack,
 )
 from transport.manifest import FINGERPRINT_BYTES, Manifest, ManifestError, bucket_layout
+from transport.recv_buffers import ReceiveBuffers
 from transport.reshard import tp_rank_of
 from transport.sharded import iter_packed_sharded, rank_layout, split_bucket, unpack_rank
 
@@ -491,6 +492,16 @@ class CollectiveReceiver(WeightReceiver):
     def __init__(self) -> None:
         self._group: _Group | None = None
         self.phases: dict[str, float] = {}
+        self._recv: ReceiveBuffers | None = None
+
+    def _buffers(self) -> ReceiveBuffers:
+        """The receive buffers on the group's device, kept across buckets and versions
+        (`transport.recv_buffers`: a buffer a loader still holds is never reused)."""
+        g = self._group
+        assert g is not None
+        if self._recv is None or self._recv.device != g.device:
+            self._recv = ReceiveBuffers(g.device)
+        return self._recv
 
     def _make_group(self) -> _Group:
         raise NotImplementedError
@@ -551,8 +562,8 @@ class CollectiveReceiver(WeightReceiver):
             failure: BaseException | None = None
             pending: _Posted | None = None
             self.phases = {"wait_s": 0.0, "copy_s": 0.0, "load_s": 0.0}
-            for bucket in manifest.buckets():
-                posted = self._post_bucket(manifest, bucket)  # on the wire while k-1 loads
+            for k, bucket in enumerate(manifest.buckets()):
+                posted = self._post_bucket(manifest, bucket, k)  # on the wire while k-1 loads
                 if pending is not None:
                     failure = self._land(pending, on_bucket, failure)
                 pending = posted
@@ -587,19 +598,18 @@ class CollectiveReceiver(WeightReceiver):
         """This receiver's engine TP rank: the group ranks after the senders, in order."""
         return tp_rank_of(self.group_rank, manifest.tp_size, manifest.senders)
 
-    def _post_bucket(self, manifest: Manifest, bucket: list[int]) -> _Posted:
-        """Start receiving one bucket: the whole bucket, or (sharded) the replicated part and
-        this rank's regions, into fresh buffers (vLLM's layerwise reload may keep views of
-        them until a layer is complete)."""
-        import torch
-
+    def _post_bucket(self, manifest: Manifest, bucket: list[int], k: int = 0) -> _Posted:
+        """Start receiving bucket `k`: the whole bucket, or (sharded) the replicated part and
+        this rank's regions, into the receive buffers of slot k mod `PIPELINE_DEPTH`
+        (`_buffers`: reused across buckets and versions unless a loader still holds them)."""
         g = self._group
         assert g is not None
         if manifest.senders > 1:
             return self._post_fan_in(manifest, bucket)
+        pool = self._buffers()
         if not manifest.sharded:
             _, total = bucket_layout(manifest, bucket)
-            buf = torch.empty(total, dtype=torch.uint8, device=g.device)
+            buf = pool.get(slot_key("bucket", k, PIPELINE_DEPTH), total)
             return _Posted(g.broadcast_start(buf), lambda: unpack(manifest, bucket, buf))
         tp_rank = self._tp_rank(manifest)
         split = split_bucket(manifest, bucket)
@@ -607,11 +617,11 @@ class CollectiveReceiver(WeightReceiver):
         rep = mine = None
         if split.replicated:
             total = rank_layout(manifest, split.replicated, 0)[1]
-            rep = torch.empty(total, dtype=torch.uint8, device=g.device)
+            rep = pool.get(slot_key("replicated", k, PIPELINE_DEPTH), total)
             works += g.broadcast_start(rep)
         if split.sharded:
             total = rank_layout(manifest, split.sharded, tp_rank)[1]
-            mine = torch.empty(total, dtype=torch.uint8, device=g.device)
+            mine = pool.get(slot_key("mine", k, PIPELINE_DEPTH), total)
             works += g.recv_start(mine)
         return _Posted(works, lambda: unpack_rank(manifest, bucket, tp_rank, rep, mine))
 
