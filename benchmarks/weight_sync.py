@@ -87,6 +87,7 @@ and GB/s are medians of the timed pushes, peak extra MB the maximum over them).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -100,6 +101,7 @@ import numpy as np
 import psutil
 from common import CPU_ENV, gloo_reference, memcpy_gb_per_s
 from push_phases import BREAKDOWN_KEYS, engine_phases, push_breakdown
+from shm_reference import shm_reference
 from stack import engine_stack
 
 from gateway import messages as m
@@ -305,11 +307,31 @@ def _bench_engine(
                         else:
                             memcpy = memcpy_gb_per_s(stats.num_bytes)
                             mine.append((combo, stats, peak.extra_mb, memcpy, per_rank))
+                    ready = _wire_tensors(cfg, params, args.dtype)
+                    if plane == "shm":
+                        refs[combo] = shm_reference(
+                            functools.partial(publisher.manifest, tp_size=1),
+                            functools.partial(list, ready),
+                        )
+                        print(
+                            f"  bucket {mb} MB, shm alone (tensors in the wire dtype, no engine): "
+                            f"{refs[combo]['shm_gb_per_s']:.3f} GB/s, a memcpy "
+                            f"{refs[combo]['shm_memcpy_gb_per_s']:.3f} GB/s"
+                        )
                     if plane != "gloo":
                         continue
+                    manifests = [publisher.manifest(v, 1) for v in range(args.repeats + 1)]
                     ref = gloo_reference(
-                        [publisher.manifest(v, 1) for v in range(args.repeats + 1)],
-                        lambda: _engine_tensors(cfg, params, args.dtype),
+                        manifests, lambda: _engine_tensors(cfg, params, args.dtype)
+                    )
+                    wire = gloo_reference(manifests, functools.partial(list, ready))
+                    ref["transport_wire_over_raw_gloo"] = (
+                        wire["transport_gb_per_s"] / wire["raw_gloo_gb_per_s"]
+                    )
+                    print(
+                        f"  bucket {mb} MB, tensors already in the wire dtype: the transport "
+                        f"{wire['transport_gb_per_s']:.3f} GB/s, raw gloo "
+                        f"{wire['raw_gloo_gb_per_s']:.3f} GB/s"
                     )
                     print(
                         f"  bucket {mb} MB, one receiver without an engine: raw gloo "
@@ -340,6 +362,17 @@ def _bench_engine(
         if parts:
             shown = {k: round(v, 3) for k, v in parts.items()}
             print(f"  v{row[1].version} breakdown (s): {shown} of {row[1].seconds:.3f}")
+
+
+def _wire_tensors(cfg: Any, params: dict, dtype: str) -> list[tuple[str, Any]]:
+    """`_engine_tensors` cast to `dtype` and made contiguous once (not timed): what the data
+    plane alone moves, with nothing left to cast or lay out."""
+    import torch
+
+    from transport.base import as_torch
+
+    wire = getattr(torch, dtype)
+    return [(n, as_torch(a).to(wire).contiguous()) for n, a in _engine_tensors(cfg, params, dtype)]
 
 
 def _engine_tensors(cfg: Any, params: dict, dtype: str):
@@ -401,7 +434,11 @@ def _summary(
     if rows[0][5]:  # the breakdown of a gloo push (`push_phases`): medians over the pushes
         for key in BREAKDOWN_KEYS:
             out[key] = round(statistics.median(r[5][key] for r in rows), 4)
-    if ref is not None:
+    if ref is not None and "shm_over_memcpy" in ref:
+        out["shm_gb_per_s"] = round(ref["shm_gb_per_s"], 3)
+        out["shm_memcpy_gb_per_s"] = round(ref["shm_memcpy_gb_per_s"], 3)
+        out["shm_over_memcpy"] = round(ref["shm_over_memcpy"], 4)
+    elif ref is not None:
         raw = ref["raw_gloo_gb_per_s"]
         out["raw_gloo_gb_per_s"] = round(raw, 3)
         out["push_over_raw_gloo"] = round(num_bytes / secs / 1e9 / raw, 4)
@@ -413,6 +450,10 @@ def _summary(
             out[key] = round(ref[key], 3)
         out["host_cores"] = ref["host_cores"]
         out["host_ceiling_over_raw_gloo"] = round(ref["host_ceiling_over_raw_gloo"], 4)
+        out["push_over_host_ceiling"] = round(
+            out["push_over_raw_gloo"] / min(1.0, ref["host_ceiling_over_raw_gloo"]), 4
+        )
+        out["transport_wire_over_raw_gloo"] = round(ref["transport_wire_over_raw_gloo"], 4)
     return out
 
 
@@ -516,7 +557,8 @@ def main() -> None:
     if shm:  # the same bucket size through shared memory, beside the first data plane's
         summary["shm_push_s"] = shm[0]["push_s"]
         summary["shm_push_gb_per_s"] = shm[0]["push_gb_per_s"]
-        summary["shm_over_memcpy"] = shm[0]["send_over_memcpy"]
+        summary["shm_over_memcpy"] = shm[0]["shm_over_memcpy"]
+        summary["shm_push_send_over_memcpy"] = shm[0]["send_over_memcpy"]
         summary["shm_push_over_first_push"] = round(first["push_s"] / shm[0]["push_s"], 4)
     print(json.dumps({**summary, "models": results}))
 
