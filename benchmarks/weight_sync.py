@@ -38,7 +38,11 @@ measured too: `raw_gloo_cores` is how many cores the raw broadcast alone keeps b
 seconds of both ends over its wall seconds), `pack_cpu_s_per_gb` the packing's CPU time, and
 `host_ceiling_over_raw_gloo` the best `push_over_raw_gloo` that `host_cores` cores allow when
 the wire's and the packing's CPU time must both fit on them (the engine's load not counted).
-The references send whole tensors to one receiver, whatever `--tp` is.
+`push_over_host_ceiling` is `push_over_raw_gloo` over min(1, that ceiling). The data plane's
+own cost, without the cast: `gloo_reference` again with the same tensors already cast to the
+wire dtype and made contiguous (`_wire_tensors`, not timed), its raw broadcast measured in that
+call: `transport_wire_over_raw_gloo`. The references send whole tensors to one receiver,
+whatever `--tp` is.
 
 Where the push's seconds go (gloo; `push_phases` says how each part is timed, on the
 trainer's side and the engine's, whose worker logs its phases with each loaded version):
@@ -54,8 +58,12 @@ and shm (`transport.shm`: the trainer packs each version into a shared-memory se
 /dev/shm that the engine maps; whole tensors to every TP rank). `send_over_memcpy` is the
 median over the pushes of the data-plane send's GB/s (for shm: packing into the segment, cast
 included, and the commit; the engine's load comes after, in `loaded`) over the memcpy GB/s
-measured right after it. The last line's `shm_push_s`, `shm_push_gb_per_s` and
-`shm_over_memcpy` are shm's figures at the first bucket size, beside gloo's.
+measured right after it. After shm's pushes, `shm_reference.shm_reference` times shm alone
+(wire-dtype tensors written once into a reused segment, mapped and viewed by a receiver that
+loads nothing) against a memcpy of the same bytes: `shm_over_memcpy`. The last line's
+`shm_push_s`, `shm_push_gb_per_s`, `shm_over_memcpy` and `shm_push_send_over_memcpy` (the shm
+push's own send ratio, the cast from the fp32 params included) are shm's figures at the first
+bucket size, beside gloo's and `vllm_load_s`.
 
 Memory: before each push the peak-RSS counter (VmHWM) of this process and of every process of
 the engine's tree (the CLI process, vLLM's EngineCore and, on CPU, its Workers, which hold the

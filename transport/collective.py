@@ -17,13 +17,14 @@ draining the remaining buckets so the group stays in step, then votes 0 at the c
 The buckets are pipelined (`PIPELINE_DEPTH` = 2): the sender starts bucket k's collectives
 without waiting and packs bucket k+1 meanwhile, into the other of two reused buffers; a
 receiver posts bucket k+1's receive before it loads bucket k, so the wire runs beside the
-trainer's packing and the engine's load. Both sides issue the same collectives in the same
-order (gloo matches broadcasts by their sequence, point-to-point messages in the order they
-were sent), and each side waits for every one before the commit. Where packing, the wire and
-the engine's load use different resources (a GPU's copy engines and NIC) this hides all but
-the slowest; on a CPU host where every stage needs the same cores the push does not get
-faster (`benchmarks/weight_sync.py`), vLLM's own load (its layerwise reload and oneDNN
-repacking) being most of it.
+trainer's packing and the engine's load. The receiver's buffers are reused across buckets and
+versions too (`recv_buffers`: never one a loader still holds views of). Both sides issue the
+same collectives in the same order (gloo matches broadcasts by their sequence, point-to-point
+messages in the order they were sent), and each side waits for every one before the commit.
+Where packing, the wire and the engine's load use different resources (a GPU's copy engines
+and NIC) this hides all but the slowest; on a CPU host where every stage needs the same cores
+the push does not get faster (`benchmarks/weight_sync.py`), vLLM's own load (its layerwise
+reload and oneDNN repacking) being most of it.
 A timeout or a broken connection leaves the group out of step: close both ends and reconnect.
 Either end releases its process group the moment a collective fails (`_release`): gloo closes
 a group's connections only when the group is destroyed (`abort` and `shutdown` leave them
