@@ -178,7 +178,32 @@ def write_region(dst: torch.Tensor, array: Any, region: Region) -> None:
         return
     if shards is not None and len(shards) > 1:  # replicated on several devices: one copy
         array = shards[0].data
-    dst.copy_(as_torch(array)[region])
+    copy_cast(dst, as_torch(array)[region])
+
+
+def copy_cast(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """`dst.copy_(src)`, casting to `dst`'s dtype; a transposed matrix of another dtype (the
+    linear layers a mapping hands over as views `[out, in]` of `[in, out]` params) is cast
+    first, contiguous, into a scratch tensor, then transposed in the wire dtype: torch's
+    strided copy-and-cast element by element is the slowest part of packing on CPU (1.7x the
+    time of the two passes, `pack_s` of `benchmarks/weight_sync.py`).
+
+    Args:
+        dst: the destination, contiguous, of `src`'s shape.
+        src: any torch tensor of that shape.
+    """
+    t = src.T if src.dim() == 2 else None
+    if (
+        t is not None and src.dtype != dst.dtype and not src.is_contiguous()
+        and t.is_contiguous() and dst.is_contiguous()
+    ):  # fmt: skip
+        import torch
+
+        scratch = torch.empty(t.shape, dtype=dst.dtype, device=dst.device)
+        scratch.copy_(t)
+        dst.copy_(scratch.T)
+        return
+    dst.copy_(src)
 
 
 def next_tensor(it: Iterator[tuple[str, Any]], manifest: Manifest, i: int) -> Any:
