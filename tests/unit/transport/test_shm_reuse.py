@@ -7,8 +7,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
+from transport.base import TransferError
 from transport.config import ShmTransportConfig
 from transport.factory import make_receiver, make_sender
 from transport.manifest import Manifest
@@ -112,3 +114,17 @@ def test_a_dead_engines_hold_goes_with_it(tmp_path):
     finally:
         holder.kill()
         holder.wait(10)
+
+
+def test_an_engine_asking_for_a_rewritten_version_gets_a_clear_error(tmp_path):
+    cfg = ShmTransportConfig(root=str(tmp_path / "shm"), timeout_s=5, keep=2)
+    sender, receiver = make_sender(cfg), make_receiver(cfg)
+    for v in (1, 2, 3):  # v3 goes into v1's segment
+        sender.send(_m(v), _w(v).items())
+        _load(receiver, _m(v))
+    late = make_receiver(cfg.model_copy(update={"timeout_s": 0.5}))
+    with pytest.raises(TransferError, match="version 1"):
+        late.receive(_m(1), lambda bucket: None)
+    assert sender.reused == 1 and _exact(_load(receiver, _m(3)), _w(3))  # v3 intact
+    for end in (late, receiver, sender):
+        end.close()
