@@ -38,7 +38,11 @@ measured too: `raw_gloo_cores` is how many cores the raw broadcast alone keeps b
 seconds of both ends over its wall seconds), `pack_cpu_s_per_gb` the packing's CPU time, and
 `host_ceiling_over_raw_gloo` the best `push_over_raw_gloo` that `host_cores` cores allow when
 the wire's and the packing's CPU time must both fit on them (the engine's load not counted).
-The references send whole tensors to one receiver, whatever `--tp` is.
+`push_over_host_ceiling` is `push_over_raw_gloo` over min(1, that ceiling). The data plane's
+own cost, without the cast: `gloo_reference` again with the same tensors already cast to the
+wire dtype and made contiguous (`_wire_tensors`, not timed), its raw broadcast measured in that
+call: `transport_wire_over_raw_gloo`. The references send whole tensors to one receiver,
+whatever `--tp` is.
 
 Where the push's seconds go (gloo; `push_phases` says how each part is timed, on the
 trainer's side and the engine's, whose worker logs its phases with each loaded version):
@@ -54,8 +58,12 @@ and shm (`transport.shm`: the trainer packs each version into a shared-memory se
 /dev/shm that the engine maps; whole tensors to every TP rank). `send_over_memcpy` is the
 median over the pushes of the data-plane send's GB/s (for shm: packing into the segment, cast
 included, and the commit; the engine's load comes after, in `loaded`) over the memcpy GB/s
-measured right after it. The last line's `shm_push_s`, `shm_push_gb_per_s` and
-`shm_over_memcpy` are shm's figures at the first bucket size, beside gloo's.
+measured right after it. After shm's pushes, `shm_reference.shm_reference` times shm alone
+(wire-dtype tensors written once into a reused segment, mapped and viewed by a receiver that
+loads nothing) against a memcpy of the same bytes: `shm_over_memcpy`. The last line's
+`shm_push_s`, `shm_push_gb_per_s`, `shm_over_memcpy` and `shm_push_send_over_memcpy` (the shm
+push's own send ratio, the cast from the fp32 params included) are shm's figures at the first
+bucket size, beside gloo's and `vllm_load_s`.
 
 Memory: before each push the peak-RSS counter (VmHWM) of this process and of every process of
 the engine's tree (the CLI process, vLLM's EngineCore and, on CPU, its Workers, which hold the
@@ -87,6 +95,7 @@ and GB/s are medians of the timed pushes, peak extra MB the maximum over them).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -100,6 +109,7 @@ import numpy as np
 import psutil
 from common import CPU_ENV, gloo_reference, memcpy_gb_per_s
 from push_phases import BREAKDOWN_KEYS, engine_phases, push_breakdown
+from shm_reference import shm_reference
 from stack import engine_stack
 
 from gateway import messages as m
@@ -305,11 +315,31 @@ def _bench_engine(
                         else:
                             memcpy = memcpy_gb_per_s(stats.num_bytes)
                             mine.append((combo, stats, peak.extra_mb, memcpy, per_rank))
+                    ready = _wire_tensors(cfg, params, args.dtype)
+                    if plane == "shm":
+                        refs[combo] = shm_reference(
+                            functools.partial(publisher.manifest, tp_size=1),
+                            functools.partial(list, ready),
+                        )
+                        print(
+                            f"  bucket {mb} MB, shm alone (tensors in the wire dtype, no engine): "
+                            f"{refs[combo]['shm_gb_per_s']:.3f} GB/s, a memcpy "
+                            f"{refs[combo]['shm_memcpy_gb_per_s']:.3f} GB/s"
+                        )
                     if plane != "gloo":
                         continue
+                    manifests = [publisher.manifest(v, 1) for v in range(args.repeats + 1)]
                     ref = gloo_reference(
-                        [publisher.manifest(v, 1) for v in range(args.repeats + 1)],
-                        lambda: _engine_tensors(cfg, params, args.dtype),
+                        manifests, lambda: _engine_tensors(cfg, params, args.dtype)
+                    )
+                    wire = gloo_reference(manifests, functools.partial(list, ready))
+                    ref["transport_wire_over_raw_gloo"] = (
+                        wire["transport_gb_per_s"] / wire["raw_gloo_gb_per_s"]
+                    )
+                    print(
+                        f"  bucket {mb} MB, tensors already in the wire dtype: the transport "
+                        f"{wire['transport_gb_per_s']:.3f} GB/s, raw gloo "
+                        f"{wire['raw_gloo_gb_per_s']:.3f} GB/s"
                     )
                     print(
                         f"  bucket {mb} MB, one receiver without an engine: raw gloo "
@@ -340,6 +370,17 @@ def _bench_engine(
         if parts:
             shown = {k: round(v, 3) for k, v in parts.items()}
             print(f"  v{row[1].version} breakdown (s): {shown} of {row[1].seconds:.3f}")
+
+
+def _wire_tensors(cfg: Any, params: dict, dtype: str) -> list[tuple[str, Any]]:
+    """`_engine_tensors` cast to `dtype` and made contiguous once (not timed): what the data
+    plane alone moves, with nothing left to cast or lay out."""
+    import torch
+
+    from transport.base import as_torch
+
+    wire = getattr(torch, dtype)
+    return [(n, as_torch(a).to(wire).contiguous()) for n, a in _engine_tensors(cfg, params, dtype)]
 
 
 def _engine_tensors(cfg: Any, params: dict, dtype: str):
@@ -401,7 +442,11 @@ def _summary(
     if rows[0][5]:  # the breakdown of a gloo push (`push_phases`): medians over the pushes
         for key in BREAKDOWN_KEYS:
             out[key] = round(statistics.median(r[5][key] for r in rows), 4)
-    if ref is not None:
+    if ref is not None and "shm_over_memcpy" in ref:
+        out["shm_gb_per_s"] = round(ref["shm_gb_per_s"], 3)
+        out["shm_memcpy_gb_per_s"] = round(ref["shm_memcpy_gb_per_s"], 3)
+        out["shm_over_memcpy"] = round(ref["shm_over_memcpy"], 4)
+    elif ref is not None:
         raw = ref["raw_gloo_gb_per_s"]
         out["raw_gloo_gb_per_s"] = round(raw, 3)
         out["push_over_raw_gloo"] = round(num_bytes / secs / 1e9 / raw, 4)
@@ -413,6 +458,10 @@ def _summary(
             out[key] = round(ref[key], 3)
         out["host_cores"] = ref["host_cores"]
         out["host_ceiling_over_raw_gloo"] = round(ref["host_ceiling_over_raw_gloo"], 4)
+        out["push_over_host_ceiling"] = round(
+            out["push_over_raw_gloo"] / min(1.0, ref["host_ceiling_over_raw_gloo"]), 4
+        )
+        out["transport_wire_over_raw_gloo"] = round(ref["transport_wire_over_raw_gloo"], 4)
     return out
 
 
@@ -516,7 +565,8 @@ def main() -> None:
     if shm:  # the same bucket size through shared memory, beside the first data plane's
         summary["shm_push_s"] = shm[0]["push_s"]
         summary["shm_push_gb_per_s"] = shm[0]["push_gb_per_s"]
-        summary["shm_over_memcpy"] = shm[0]["send_over_memcpy"]
+        summary["shm_over_memcpy"] = shm[0]["shm_over_memcpy"]
+        summary["shm_push_send_over_memcpy"] = shm[0]["send_over_memcpy"]
         summary["shm_push_over_first_push"] = round(first["push_s"] / shm[0]["push_s"], 4)
     print(json.dumps({**summary, "models": results}))
 

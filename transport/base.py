@@ -19,6 +19,7 @@ transport module to that).
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
@@ -178,7 +179,32 @@ def write_region(dst: torch.Tensor, array: Any, region: Region) -> None:
         return
     if shards is not None and len(shards) > 1:  # replicated on several devices: one copy
         array = shards[0].data
-    dst.copy_(as_torch(array)[region])
+    copy_cast(dst, as_torch(array)[region])
+
+
+def copy_cast(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """`dst.copy_(src)`, casting to `dst`'s dtype; a transposed matrix of another dtype (the
+    linear layers a mapping hands over as views `[out, in]` of `[in, out]` params) is cast
+    first, contiguous, into a scratch tensor, then transposed in the wire dtype: torch's
+    strided copy-and-cast element by element is the slowest part of packing on CPU (1.7x the
+    time of the two passes, `pack_s` of `benchmarks/weight_sync.py`).
+
+    Args:
+        dst: the destination, contiguous, of `src`'s shape.
+        src: any torch tensor of that shape.
+    """
+    t = src.T if src.dim() == 2 else None
+    if (
+        t is not None and src.dtype != dst.dtype and not src.is_contiguous()
+        and t.is_contiguous() and dst.is_contiguous()
+    ):  # fmt: skip
+        import torch
+
+        scratch = torch.empty(t.shape, dtype=dst.dtype, device=dst.device)
+        scratch.copy_(t)
+        dst.copy_(scratch.T)
+        return
+    dst.copy_(src)
 
 
 def next_tensor(it: Iterator[tuple[str, Any]], manifest: Manifest, i: int) -> Any:
@@ -276,15 +302,39 @@ def iter_packed(
     for k, bucket in enumerate(manifest.buckets()):
         offsets, total = bucket_layout(manifest, bucket)
         buf = pool.get(slot_key("bucket", k, slots), total)
-        for i, off in zip(bucket, offsets, strict=True):
-            spec = manifest.tensors[i]
-            arr = next_tensor(it, manifest, i)
-            dst = buf[off : off + spec.nbytes].view(getattr(torch, spec.dtype)).view(spec.shape)
-            write_region(dst, arr, tuple(slice(0, d) for d in spec.shape))
+        with one_thread():
+            for i, off in zip(bucket, offsets, strict=True):
+                spec = manifest.tensors[i]
+                arr = next_tensor(it, manifest, i)
+                dst = buf[off : off + spec.nbytes].view(getattr(torch, spec.dtype))
+                write_region(dst.view(spec.shape), arr, tuple(slice(0, d) for d in spec.shape))
         yield buf
     extra = next(it, None)
     if extra is not None:
         raise ManifestError(f"more tensors than the manifest lists, starting with {extra[0]!r}")
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Run torch's CPU copies inside on one intra-op thread, then restore the count.
+
+    Packing is one `copy_` per tensor; with several OpenMP threads each copy is a parallel
+    region whose threads wait for each other, and on a host whose cores are shared (other
+    processes: the engine, the gloo sender's own thread) a descheduled thread holds every
+    region up: SmolLM2's tensors packed at 0.2 GB/s on 2 threads against 10.6 GB/s on one,
+    in the same run on a shared 2-core host (`benchmarks/weight_sync.py`'s `pack_s`). One
+    memory-bound copy per tensor gains little from a second thread anyway.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    if before != 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if before != 1:
+            torch.set_num_threads(before)
 
 
 class FreshBuffers(BufferPool):

@@ -17,13 +17,14 @@ draining the remaining buckets so the group stays in step, then votes 0 at the c
 The buckets are pipelined (`PIPELINE_DEPTH` = 2): the sender starts bucket k's collectives
 without waiting and packs bucket k+1 meanwhile, into the other of two reused buffers; a
 receiver posts bucket k+1's receive before it loads bucket k, so the wire runs beside the
-trainer's packing and the engine's load. Both sides issue the same collectives in the same
-order (gloo matches broadcasts by their sequence, point-to-point messages in the order they
-were sent), and each side waits for every one before the commit. Where packing, the wire and
-the engine's load use different resources (a GPU's copy engines and NIC) this hides all but
-the slowest; on a CPU host where every stage needs the same cores the push does not get
-faster (`benchmarks/weight_sync.py`), vLLM's own load (its layerwise reload and oneDNN
-repacking) being most of it.
+trainer's packing and the engine's load. The receiver's buffers are reused across buckets and
+versions too (`recv_buffers`: never one a loader still holds views of). Both sides issue the
+same collectives in the same order (gloo matches broadcasts by their sequence, point-to-point
+messages in the order they were sent), and each side waits for every one before the commit.
+Where packing, the wire and the engine's load use different resources (a GPU's copy engines
+and NIC) this hides all but the slowest; on a CPU host where every stage needs the same cores
+the push does not get faster (`benchmarks/weight_sync.py`), vLLM's own load (its layerwise
+reload and oneDNN repacking) being most of it.
 A timeout or a broken connection leaves the group out of step: close both ends and reconnect.
 Either end releases its process group the moment a collective fails (`_release`): gloo closes
 a group's connections only when the group is destroyed (`abort` and `shutdown` leave them
@@ -62,6 +63,7 @@ from transport.base import (
     unpack,
 )
 from transport.manifest import FINGERPRINT_BYTES, Manifest, ManifestError, bucket_layout
+from transport.recv_buffers import ReceiveBuffers
 from transport.reshard import tp_rank_of
 from transport.sharded import iter_packed_sharded, rank_layout, split_bucket, unpack_rank
 
@@ -491,6 +493,16 @@ class CollectiveReceiver(WeightReceiver):
     def __init__(self) -> None:
         self._group: _Group | None = None
         self.phases: dict[str, float] = {}
+        self._recv: ReceiveBuffers | None = None
+
+    def _buffers(self) -> ReceiveBuffers:
+        """The receive buffers on the group's device, kept across buckets and versions
+        (`transport.recv_buffers`: a buffer a loader still holds is never reused)."""
+        g = self._group
+        assert g is not None
+        if self._recv is None or self._recv.device != g.device:
+            self._recv = ReceiveBuffers(g.device)
+        return self._recv
 
     def _make_group(self) -> _Group:
         raise NotImplementedError
@@ -551,8 +563,8 @@ class CollectiveReceiver(WeightReceiver):
             failure: BaseException | None = None
             pending: _Posted | None = None
             self.phases = {"wait_s": 0.0, "copy_s": 0.0, "load_s": 0.0}
-            for bucket in manifest.buckets():
-                posted = self._post_bucket(manifest, bucket)  # on the wire while k-1 loads
+            for k, bucket in enumerate(manifest.buckets()):
+                posted = self._post_bucket(manifest, bucket, k)  # on the wire while k-1 loads
                 if pending is not None:
                     failure = self._land(pending, on_bucket, failure)
                 pending = posted
@@ -587,19 +599,18 @@ class CollectiveReceiver(WeightReceiver):
         """This receiver's engine TP rank: the group ranks after the senders, in order."""
         return tp_rank_of(self.group_rank, manifest.tp_size, manifest.senders)
 
-    def _post_bucket(self, manifest: Manifest, bucket: list[int]) -> _Posted:
-        """Start receiving one bucket: the whole bucket, or (sharded) the replicated part and
-        this rank's regions, into fresh buffers (vLLM's layerwise reload may keep views of
-        them until a layer is complete)."""
-        import torch
-
+    def _post_bucket(self, manifest: Manifest, bucket: list[int], k: int = 0) -> _Posted:
+        """Start receiving bucket `k`: the whole bucket, or (sharded) the replicated part and
+        this rank's regions, into the receive buffers of slot k mod `PIPELINE_DEPTH`
+        (`_buffers`: reused across buckets and versions unless a loader still holds them)."""
         g = self._group
         assert g is not None
         if manifest.senders > 1:
             return self._post_fan_in(manifest, bucket)
+        pool = self._buffers()
         if not manifest.sharded:
             _, total = bucket_layout(manifest, bucket)
-            buf = torch.empty(total, dtype=torch.uint8, device=g.device)
+            buf = pool.get(slot_key("bucket", k, PIPELINE_DEPTH), total)
             return _Posted(g.broadcast_start(buf), lambda: unpack(manifest, bucket, buf))
         tp_rank = self._tp_rank(manifest)
         split = split_bucket(manifest, bucket)
@@ -607,11 +618,11 @@ class CollectiveReceiver(WeightReceiver):
         rep = mine = None
         if split.replicated:
             total = rank_layout(manifest, split.replicated, 0)[1]
-            rep = torch.empty(total, dtype=torch.uint8, device=g.device)
+            rep = pool.get(slot_key("replicated", k, PIPELINE_DEPTH), total)
             works += g.broadcast_start(rep)
         if split.sharded:
             total = rank_layout(manifest, split.sharded, tp_rank)[1]
-            mine = torch.empty(total, dtype=torch.uint8, device=g.device)
+            mine = pool.get(slot_key("mine", k, PIPELINE_DEPTH), total)
             works += g.recv_start(mine)
         return _Posted(works, lambda: unpack_rank(manifest, bucket, tp_rank, rep, mine))
 

@@ -161,5 +161,6 @@ class GlooReceiver(CollectiveReceiver):
         return _gloo_group(store, self.rank, self.world_size, self.timeout_s, address)
 
     def close(self) -> None:
-        """Drop the group."""
+        """Drop the group and the receive buffers."""
         self._group = None
+        self._recv = None

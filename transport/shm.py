@@ -14,15 +14,22 @@ The sender reserves the whole segment first (`os.posix_fallocate`: a full tmpfs 
 `TransferError`, never a SIGBUS while writing), packs into its mapping (the cast to the wire
 dtype and the layout change are that one copy), and renames the file into place: the rename
 is the commit, so a receiver never sees part of a version. It keeps the newest `keep`
-segments it wrote and unlinks the rest; an engine that still maps an unlinked one keeps its
-pages until it drops them. `close` unlinks every segment it wrote.
+segments it wrote; once it holds `keep`, the next version goes into the oldest of them when no
+engine holds that one any more (`transport.shm_lease`: rewritten in place, its pages already
+in RAM, grown or shrunk to the new layout), else into a fresh segment while the oldest is
+unlinked (an engine that still maps it keeps its pages until it drops them). `close` unlinks
+every segment it wrote.
 
 A receiver maps the committed segment copy-on-write (a loader that writes into what it is
 handed gets private pages; the segment stays as the sender wrote it), checks its header
 against the manifest it was told to expect (a segment of another version, of another layout,
 or shorter than the manifest needs is refused before any bucket is loaded), and hands each
 bucket to its callback as views into the mapping; the views keep the mapping alive for as
-long as the engine holds them (vLLM's layerwise reload may keep some until it finalizes).
+long as the engine holds them (vLLM's layerwise reload may keep some until it finalizes). It
+holds a shared lock on the segment it loaded until it has loaded the next version (or closes),
+so the sender never rewrites one under it. A segment truncated by another process while an
+engine reads it would end that engine with SIGBUS, as any shared mapping would: nothing but
+this sender may write under `root`.
 
 Memory: each kept version is its payload once in RAM (tmpfs), shared by every engine that
 maps it; the sender adds no buffer of its own. torch is imported lazily, as in every
@@ -57,6 +64,7 @@ from transport.manifest import (
     ManifestError,
     bucket_layout,
 )
+from transport.shm_lease import claim_retired, hold_shared, release
 
 if TYPE_CHECKING:
     import torch
@@ -68,6 +76,9 @@ FORMAT = 1
 """The segment format this module writes and reads."""
 
 _HEAD = struct.Struct(f"<8sIqQ{FINGERPRINT_BYTES}s")
+
+MADV_POPULATE_READ = 22
+"""Linux's madvise advice (5.14+) that maps a range's pages for reading in one call."""
 
 HEADER_BYTES = 4096
 """Bytes before the first bucket (the header, zero-padded to a page)."""
@@ -117,6 +128,21 @@ class ShmSender(FolderSender):
     def __init__(self, root: str | os.PathLike, keep: int = 2) -> None:
         super().__init__(root, keep)
         self._written: list[Path] = []
+        self._reusing = False
+        self.reused = 0  # versions written into a retired segment (`shm_lease`)
+
+    def _segment_fd(self, tmp: Path) -> int:
+        """An open read-write descriptor of the file at `tmp` to write the next version into:
+        the oldest segment this sender keeps, when `keep` are kept and no engine holds it
+        (`shm_lease.claim_retired`: its pages are reused, no page faults), else a new file."""
+        self._reusing = False
+        if len(self._written) >= self.keep:
+            fd = claim_retired(self._written[0], tmp)
+            if fd is not None:
+                self._written.pop(0)
+                self._reusing = True
+                return fd
+        return os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
 
     def send(self, manifest: Manifest, tensors: Iterable[tuple[str, Any]]) -> SendStats:
         """See `WeightSender.send`. Returns once the version's segment is committed.
@@ -134,10 +160,12 @@ class ShmSender(FolderSender):
         tmp = self.root / f".tmp-v{manifest.version:010d}-{os.getpid()}"
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = self._segment_fd(tmp)
         try:
             try:
-                os.posix_fallocate(fd, 0, size)
+                if os.fstat(fd).st_size > size:  # a retired segment of a larger layout
+                    os.ftruncate(fd, size)
+                os.posix_fallocate(fd, 0, size)  # a fresh or smaller one: reserve it whole
             except OSError as e:
                 raise TransferError(
                     f"no room for version {manifest.version} in {self.root}: it needs "
@@ -163,6 +191,7 @@ class ShmSender(FolderSender):
             os.close(fd)
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
+        self.reused += self._reusing
         if final in self._written:
             self._written.remove(final)
         self._written.append(final)
@@ -189,6 +218,7 @@ class ShmReceiver(FolderReceiver):
 
     def __init__(self, root: str | os.PathLike, timeout_s: float = 300.0, poll_s: float = 0.01):
         super().__init__(root, timeout_s, poll_s)
+        self._held: int | None = None  # the last loaded segment, its shared lock held
 
     def receive(self, manifest: Manifest, on_bucket: OnBucket) -> None:
         """See `WeightReceiver.receive`.
@@ -201,42 +231,68 @@ class ShmReceiver(FolderReceiver):
         """
         path = segment_path(self.root, manifest.version)
         wait_path(path, self.timeout_s, self.poll_s, f"version {manifest.version}")
-        segment = _map(path, manifest)
+        segment, fd = _map(path, manifest)
         regions, _ = bucket_offsets(manifest)
-        for bucket, (off, total) in zip(manifest.buckets(), regions, strict=True):
-            try:
-                on_bucket(unpack(manifest, bucket, segment[off : off + total]))
-            except Exception as e:
-                raise TransferError(f"loading version {manifest.version} failed: {e!r}") from e
+        try:
+            for bucket, (off, total) in zip(manifest.buckets(), regions, strict=True):
+                try:
+                    on_bucket(unpack(manifest, bucket, segment[off : off + total]))
+                except Exception as e:
+                    raise TransferError(f"loading version {manifest.version} failed: {e!r}") from e
+        except BaseException:
+            release(fd)
+            raise
+        # the loader may read the views until its next update (vLLM finalizes after this
+        # returns): hold this segment until the next version is loaded, let go the last one
+        release(self._held)
+        self._held = fd
+
+    def close(self) -> None:
+        """Let go of the segment last loaded (the sender may then rewrite it)."""
+        release(self._held)
+        self._held = None
 
 
-def _map(path: Path, manifest: Manifest) -> torch.Tensor:
+def _map(path: Path, manifest: Manifest) -> tuple[torch.Tensor, int]:
     """The segment at `path` mapped copy-on-write as uint8 `[bytes]`, its header checked
-    against `manifest` (see `ShmReceiver.receive` for what is refused)."""
+    against `manifest` (see `ShmReceiver.receive` for what is refused), and its open file
+    descriptor holding the shared lock (`shm_lease.hold_shared`: the sender leaves it alone
+    until it is closed)."""
     import torch
 
     _, need = bucket_offsets(manifest)
     v = manifest.version
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < need:
-                raise TransferError(f"{path}: truncated: {size} bytes, version {v} needs {need}")
-            # no MAP_POPULATE: on a private writable mapping it would copy every page (the
-            # kernel breaks copy-on-write when it populates one)
-            mm = mmap.mmap(f.fileno(), need, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
-    except OSError as e:  # unlinked by a newer version meanwhile
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as e:  # unlinked, or taken for rewriting, by a newer version meanwhile
         raise TransferError(f"reading version {v} at {path}: {e}") from e
-    magic, fmt, version, payload, fingerprint = _HEAD.unpack_from(mm, 0)
-    if magic != MAGIC or fmt != FORMAT:
-        raise TransferError(f"{path}: not a segment of format {FORMAT} ({magic!r}, {fmt})")
-    if version != v or payload != manifest.total_bytes:
-        raise TransferError(
-            f"{path}: a stale segment: it holds version {version} ({payload} bytes), "
-            f"expected version {v} ({manifest.total_bytes} bytes)"
-        )
     try:
-        manifest.check_offered(fingerprint)
-    except ManifestError as e:
-        raise ManifestError(f"{path}: {e}") from None
-    return torch.frombuffer(mm, dtype=torch.uint8)
+        hold_shared(fd)
+        size = os.fstat(fd).st_size
+        if size < need:
+            raise TransferError(f"{path}: truncated: {size} bytes, version {v} needs {need}")
+        # no MAP_POPULATE: on a private writable mapping it would copy every page (the
+        # kernel breaks copy-on-write when it populates one); MADV_POPULATE_READ maps the
+        # segment's own pages read-only in one go instead of one fault per page
+        mm = mmap.mmap(fd, need, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+        with contextlib.suppress(OSError, ValueError):  # kernels before 5.14: faulted lazily
+            mm.madvise(MADV_POPULATE_READ)
+        magic, fmt, version, payload, fingerprint = _HEAD.unpack_from(mm, 0)
+        if magic != MAGIC or fmt != FORMAT:
+            raise TransferError(f"{path}: not a segment of format {FORMAT} ({magic!r}, {fmt})")
+        if version != v or payload != manifest.total_bytes:
+            raise TransferError(
+                f"{path}: a stale segment: it holds version {version} ({payload} bytes), "
+                f"expected version {v} ({manifest.total_bytes} bytes)"
+            )
+        try:
+            manifest.check_offered(fingerprint)
+        except ManifestError as e:
+            raise ManifestError(f"{path}: {e}") from None
+    except OSError as e:
+        release(fd)
+        raise TransferError(f"reading version {v} at {path}: {e}") from e
+    except BaseException:
+        release(fd)
+        raise
+    return torch.frombuffer(mm, dtype=torch.uint8), fd

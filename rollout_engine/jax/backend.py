@@ -224,8 +224,11 @@ class JaxBackend(RolloutBackend):
         else:
 
             def on_bucket(bucket: list) -> None:
+                import torch
+
                 for name, tensor in bucket:  # the buffer is reused after the callback: copy
-                    host[name] = tensor.detach().to("cpu").float().numpy().copy()
+                    t = tensor.detach().to("cpu")  # once: the cast to fp32, or a clone
+                    host[name] = (t.float() if t.dtype != torch.float32 else t.clone()).numpy()
 
             await asyncio.to_thread(self._receiver.receive, manifest, on_bucket)
         t1 = time.perf_counter()
