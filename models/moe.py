@@ -1,0 +1,102 @@
+"""The mixture-of-experts MLP: a top-k softmax router over E gated-MLP experts.
+
+Axis legend: B batch, T tokens, D model width, E experts (the stacked `experts` axis of
+every expert param), M one expert's MLP width, k the experts each token goes to (top-k).
+
+Routing follows HF's `Qwen3MoeTopKRouter` / `OlmoeTopKRouter` (transformers 5.x,
+models/qwen3_moe/modeling_qwen3_moe.py, models/olmoe/modeling_olmoe.py): router logits
+x·W_r in the model dtype, softmax over the E experts in float32, the k largest
+probabilities, renormalised to sum to 1 when `norm_topk_prob` (Qwen3-MoE checkpoints set it;
+OLMoE's default is off), cast back to the model dtype. Each expert is a SwiGLU MLP
+(Shazeer 2020), and a token's output is the routing-weighted sum of its k experts' outputs.
+
+Dispatch is exact: every token reaches each of its top-k experts, with no capacity limit and
+no dropped tokens (GShard / Switch Transformer drop tokens past an expert's capacity). A
+dropped token's output would depend on which other tokens share its batch, so the trainer's
+log-probs (one batch layout) would differ from the engine's (another): exact dispatch keeps
+them equal. It is computed densely: every expert runs on every token and the outputs are
+summed with the routing weights, zero off the top-k. That costs E/k times the FLOPs of a
+sparse dispatch (3·2·B·T·E·D·M instead of 3·2·B·T·k·D·M) and a [B, T, E, M] activation;
+right for tiny models on CPU, not for real expert counts (a sort-based grouped dispatch is
+the next step).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models.config import ModelConfig
+from models.layers import KeyStream, _Proj
+
+
+class Routing(nnx.Variable):
+    """Per-layer router outputs a MoE layer records when `record` is on (`models.routing`)."""
+
+
+class Experts(nnx.Module):
+    """E gated-MLP experts stacked on a leading `experts` axis.
+
+    Params: gate.kernel / up.kernel [E, D, M], down.kernel [E, M, D].
+    """
+
+    def __init__(self, cfg: ModelConfig, keys: KeyStream):
+        E, D, M, p = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.param_dtype
+        self.gate = _Proj(keys, (E, D, M), None, p)
+        self.up = _Proj(keys, (E, D, M), None, p)
+        self.down = _Proj(keys, (E, M, D), None, p)
+
+
+def route(logits: jax.Array, top_k: int, norm_topk_prob: bool) -> tuple[jax.Array, jax.Array]:
+    """Top-k softmax routing of HF's Qwen3-MoE / OLMoE routers.
+
+    Args:
+        logits: router logits [..., E], any float dtype.
+        top_k: experts per token, 1 <= top_k <= E.
+        norm_topk_prob: renormalise the k probabilities to sum to 1.
+
+    Returns:
+        (weights [..., k] in `logits`' dtype, expert ids [..., k] int32), by descending
+        probability (ties: the lower expert id first).
+    """
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    weights, ids = jax.lax.top_k(probs, top_k)
+    if norm_topk_prob:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return weights.astype(logits.dtype), ids.astype(jnp.int32)
+
+
+class MoE(nnx.Module):
+    """The sparse MLP block: router, top-k routing, E experts, exact dense dispatch.
+
+    Params: router.kernel [D, E]; experts (see Experts).
+
+    With `record` set (by `models.routing.forward_with_routing`), each call stores its router
+    logits [B, T, E] float32 and chosen expert ids [B, T, k] int32 as `Routing` variables.
+    """
+
+    def __init__(self, cfg: ModelConfig, keys: KeyStream):
+        self.cfg = cfg
+        self.record = False
+        self.router = _Proj(keys, (cfg.hidden_size, cfg.num_experts), None, cfg.param_dtype)
+        self.experts = Experts(cfg, keys)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """x: [B, T, D] -> [B, T, D] in the model dtype."""
+        cfg = self.cfg
+        dt = cfg.dtype
+        with jax.named_scope("router"):
+            logits = jnp.einsum("btd,de->bte", x, self.router.kernel[...].astype(dt))
+            weights, ids = route(logits, cfg.num_experts_per_tok, cfg.norm_topk_prob)
+            # [B, T, E]: each token's weight on each expert, zero off its top-k
+            dense = jnp.sum(jax.nn.one_hot(ids, cfg.num_experts, dtype=dt) * weights[..., None], -2)
+        if self.record:
+            self.router_logits = Routing(logits.astype(jnp.float32))
+            self.expert_ids = Routing(ids)
+        with jax.named_scope("experts"):
+            gate = jnp.einsum("btd,edm->btem", x, self.experts.gate.kernel[...].astype(dt))
+            up = jnp.einsum("btd,edm->btem", x, self.experts.up.kernel[...].astype(dt))
+            h = jax.nn.silu(gate) * up  # [B, T, E, M]
+            out = jnp.einsum("btem,emd->bted", h, self.experts.down.kernel[...].astype(dt))
+            return jnp.einsum("bted,bte->btd", out, dense)
