@@ -83,6 +83,9 @@ class ModelConfig:
             expert's MLP width), norm_topk_prob (renormalise the top-k router probabilities
             to sum to 1), router_aux_loss_coef: the mixture-of-experts MLP of every layer
             (`models.moe`); num_experts 0 is the dense MLP.
+        moe_dispatch: how the experts are computed, "dense" (every expert on every token) or
+            "grouped" (sorted by expert, `jax.lax.ragged_dot`); both exact
+            (`models.moe_dispatch`). Not from config.json: `replace(moe_dispatch=...)`.
         norm_plus_one: RMSNorm scales by (1 + w) and multiplies in fp32 (gemma3).
         post_norms: extra norms after attention and MLP (gemma3's four norms per layer).
         embed_scale: multiply embeddings by sqrt(D) (gemma3).
@@ -116,6 +119,7 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False
     router_aux_loss_coef: float = 0.0
+    moe_dispatch: str = "dense"
     norm_plus_one: bool = False
     post_norms: bool = False
     embed_scale: bool = False
@@ -156,6 +160,11 @@ class ModelConfig:
             )
         if self.num_experts:
             check_moe(self.num_experts, self.num_experts_per_tok, self.moe_intermediate_size)
+        if self.moe_dispatch not in ("dense", "grouped"):
+            raise UnsupportedModelError(
+                f"moe_dispatch {self.moe_dispatch!r} is not supported; supported: "
+                "['dense', 'grouped']"
+            )
 
     def dims(self) -> dict[str, int]:
         """Symbolic dimension sizes used by the mappings: D, F, N, K, H, V, L, and E

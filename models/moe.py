@@ -14,11 +14,9 @@ Dispatch is exact: every token reaches each of its top-k experts, with no capaci
 no dropped tokens (GShard / Switch Transformer drop tokens past an expert's capacity). A
 dropped token's output would depend on which other tokens share its batch, so the trainer's
 log-probs (one batch layout) would differ from the engine's (another): exact dispatch keeps
-them equal. It is computed densely: every expert runs on every token and the outputs are
-summed with the routing weights, zero off the top-k. That costs E/k times the FLOPs of a
-sparse dispatch (3·2·B·T·E·D·M instead of 3·2·B·T·k·D·M) and a [B, T, E, M] activation;
-right for tiny models on CPU, not for real expert counts (a sort-based grouped dispatch is
-the next step).
+them equal. `ModelConfig.moe_dispatch` picks how it is computed (`models.moe_dispatch`):
+"dense" (every expert on every token, E/k times the FLOPs; the default, right at tiny E on
+CPU) or "grouped" (tokens sorted by expert, one grouped matmul per projection).
 """
 
 from __future__ import annotations
@@ -29,6 +27,7 @@ from flax import nnx
 
 from models.config import ModelConfig
 from models.layers import KeyStream, _Proj
+from models.moe_dispatch import dense_dispatch, grouped_dispatch
 
 
 class Routing(nnx.Variable):
@@ -89,14 +88,19 @@ class MoE(nnx.Module):
         with jax.named_scope("router"):
             logits = jnp.einsum("btd,de->bte", x, self.router.kernel[...].astype(dt))
             weights, ids = route(logits, cfg.num_experts_per_tok, cfg.norm_topk_prob)
-            # [B, T, E]: each token's weight on each expert, zero off its top-k
-            dense = jnp.sum(jax.nn.one_hot(ids, cfg.num_experts, dtype=dt) * weights[..., None], -2)
         if self.record:
             self.router_logits = Routing(logits.astype(jnp.float32))
             self.expert_ids = Routing(ids)
+        B, T, D = x.shape
+        k = cfg.num_experts_per_tok
+        dispatch = grouped_dispatch if cfg.moe_dispatch == "grouped" else dense_dispatch
         with jax.named_scope("experts"):
-            gate = jnp.einsum("btd,edm->btem", x, self.experts.gate.kernel[...].astype(dt))
-            up = jnp.einsum("btd,edm->btem", x, self.experts.up.kernel[...].astype(dt))
-            h = jax.nn.silu(gate) * up  # [B, T, E, M]
-            out = jnp.einsum("btem,emd->bted", h, self.experts.down.kernel[...].astype(dt))
-            return jnp.einsum("bted,bte->btd", out, dense)
+            y = dispatch(
+                x.reshape(B * T, D),  # [N, D]
+                weights.reshape(B * T, k),
+                ids.reshape(B * T, k),
+                self.experts.gate.kernel[...].astype(dt),
+                self.experts.up.kernel[...].astype(dt),
+                self.experts.down.kernel[...].astype(dt),
+            )
+        return y.reshape(B, T, D)
