@@ -2,6 +2,7 @@
 OLMoE routers (both normalisations), the chosen experts of a whole tiny model, and the
 load-balancing loss (with and without a padding mask)."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -82,3 +83,29 @@ def test_forward_with_routing_refuses_a_dense_model(tiny_checkpoint):
     tokens = jnp.zeros((1, 3), jnp.int32)
     with pytest.raises(ValueError, match="qwen3 has no mixture-of-experts layer"):
         forward_with_routing(model, tokens, jnp.arange(3, dtype=jnp.int32)[None])
+
+
+def test_router_and_experts_get_gradients_through_the_aux_loss_and_logits(tiny_checkpoint):
+    from flax import nnx
+
+    cfg, model = load_hf_checkpoint(tiny_checkpoint("qwen3_moe"))
+    tokens = jnp.asarray(np.random.RandomState(5).randint(4, cfg.vocab_size, (2, 6)), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(6, dtype=jnp.int32), (2, 6))
+
+    def loss(model):
+        logits, _, record = forward_with_routing(model, tokens, positions)
+        nll = -jnp.mean(jax.nn.log_softmax(logits)[..., 7])
+        aux = load_balancing_loss(record.router_logits, cfg.num_experts_per_tok)
+        return nll + cfg.router_aux_loss_coef * aux
+
+    grads = nnx.grad(loss)(model)
+    flat = {k: np.asarray(v) for k, v in nnx.to_flat_state(grads)}
+    router = flat[("layers", 0, "mlp", "router", "kernel")]
+    experts = flat[("layers", 1, "mlp", "experts", "down", "kernel")]
+    assert router.shape == (cfg.hidden_size, cfg.num_experts)
+    assert np.isfinite(router).all() and np.abs(router).max() > 0
+    # only the experts some token chose get a gradient
+    _, _, record = forward_with_routing(model, tokens, positions)
+    chosen = set(np.asarray(record.expert_ids)[:, :, 1].ravel().tolist())
+    touched = {e for e in range(cfg.num_experts) if np.abs(experts[e]).max() > 0}
+    assert touched == chosen
