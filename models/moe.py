@@ -34,6 +34,11 @@ class Routing(nnx.Variable):
     """Per-layer router outputs a MoE layer records when `record` is on (`models.routing`)."""
 
 
+class Replay(nnx.Variable):
+    """Per-layer expert ids [B, T, k] int32 a MoE layer routes to instead of its own top-k
+    (routing replay, `models.routing.forward_with_replay`)."""
+
+
 class Experts(nnx.Module):
     """E gated-MLP experts stacked on a leading `experts` axis.
 
@@ -66,6 +71,17 @@ def route(logits: jax.Array, top_k: int, norm_topk_prob: bool) -> tuple[jax.Arra
     return weights.astype(logits.dtype), ids.astype(jnp.int32)
 
 
+def replay_route(logits: jax.Array, ids: jax.Array, norm_topk_prob: bool) -> jax.Array:
+    """The routing weights [..., k] (in `logits`' dtype) of given expert ids [..., k]: the
+    router's softmax probabilities at those ids, renormalised as `route` does. With the ids
+    `route` chose, the weights `route` gave."""
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    weights = jnp.take_along_axis(probs, ids, axis=-1)
+    if norm_topk_prob:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return weights.astype(logits.dtype)
+
+
 class MoE(nnx.Module):
     """The sparse MLP block: router, top-k routing, E experts, exact dense dispatch.
 
@@ -73,7 +89,11 @@ class MoE(nnx.Module):
 
     With `record` set (by `models.routing.forward_with_routing`), each call stores its router
     logits [B, T, E] float32 and chosen expert ids [B, T, k] int32 as `Routing` variables.
+    With a `replay_ids` `Replay` variable (set by `models.routing.forward_with_replay`), the
+    tokens go to those experts instead of the router's top-k, weighted by `replay_route`.
     """
+
+    replay_ids: Replay  # present only inside `models.routing.forward_with_replay`
 
     def __init__(self, cfg: ModelConfig, keys: KeyStream):
         self.cfg = cfg
@@ -88,6 +108,10 @@ class MoE(nnx.Module):
         with jax.named_scope("router"):
             logits = jnp.einsum("btd,de->bte", x, self.router.kernel[...].astype(dt))
             weights, ids = route(logits, cfg.num_experts_per_tok, cfg.norm_topk_prob)
+            replay = getattr(self, "replay_ids", None)
+            if replay is not None:
+                ids = replay[...]
+                weights = replay_route(logits, ids, cfg.norm_topk_prob)
         if self.record:
             self.router_logits = Routing(logits.astype(jnp.float32))
             self.expert_ids = Routing(ids)

@@ -4,6 +4,9 @@
 and chosen experts (`models.moe.MoE.record`), and returns them stacked by layer beside the
 logits: the expert ids [B, T, L, k] are what routing replay needs (the engine's choices fed
 to the trainer's forward), the router logits feed `load_balancing_loss`.
+`forward_with_replay` runs the model with given expert ids (routing replay: the trainer
+routes each token as the engine did, so a near-tie in the router cannot send the trainer's
+token to other experts than the engine's).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from flax import nnx
 
 from models.decoder import Decoder
 from models.kv_cache import KVCache
-from models.moe import MoE, Routing
+from models.moe import MoE, Replay, Routing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +72,50 @@ def forward_with_routing(
         expert_ids=jnp.stack([v for _, v in sorted(recorded["expert_ids"].items())], 2),
     )
     return logits, cache, record
+
+
+def forward_with_replay(
+    model: Decoder,
+    tokens: jax.Array,
+    positions: jax.Array,
+    expert_ids: jax.Array,
+    cache: KVCache | None = None,
+) -> tuple[jax.Array, KVCache | None]:
+    """`model(tokens, positions, cache)` with every MoE layer routing to `expert_ids`.
+
+    Args:
+        model: a Decoder of a mixture-of-experts config.
+        tokens, positions: int32 [B, T].
+        expert_ids: int32 [B, T, L, k] (`RouterRecord.expert_ids` of the engine's pass); the
+            weights are the router's own probabilities at those ids (`models.moe.replay_route`),
+            so the router still gets a gradient.
+
+    Returns:
+        (logits [B, T, V] float32, the updated cache).
+
+    Raises:
+        ValueError: a dense model, ids not of shape [B, T, L, k], or (for concrete ids) an id
+            outside [0, E).
+    """
+    cfg = model.cfg
+    moes = [block.mlp for block in model.layers if isinstance(block.mlp, MoE)]
+    if not moes:
+        raise ValueError(f"{cfg.family} has no mixture-of-experts layer to replay")
+    want = (*tokens.shape, cfg.num_layers, cfg.num_experts_per_tok)
+    if tuple(expert_ids.shape) != want:
+        raise ValueError(
+            f"expert_ids must have shape [B, T, L, k] = {want}, got {expert_ids.shape}"
+        )
+    if not isinstance(expert_ids, jax.core.Tracer):
+        low, high = int(jnp.min(expert_ids)), int(jnp.max(expert_ids))
+        if low < 0 or high >= cfg.num_experts:
+            raise ValueError(f"expert_ids must lie in [0, {cfg.num_experts}), got [{low}, {high}]")
+    for i, moe in enumerate(moes):
+        moe.replay_ids = Replay(expert_ids[:, :, i].astype(jnp.int32))
+    try:
+        return model(tokens, positions, cache)
+    finally:
+        nnx.pop(model, Replay)
 
 
 def load_balancing_loss(
