@@ -8,6 +8,7 @@ does the reverse for the tensors an engine loads (HF names, the layout vLLM's
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -35,9 +36,13 @@ def checkpoint_to_params(
         contiguous: False yields views of what `read` returned wherever numpy can
             (`transform.hf_to_jax`): with a memory-mapped `read`, nothing is copied yet.
 
+    A stacked expert param ([E, ...], from E per-expert HF tensors) is yielded once, with
+    the rule of its last expert, after all E are read (always a copy).
+
     Raises:
         MappingError: tensors the mapping needs that the checkpoint lacks (all named, with
-            the checkpoint's path left to the caller), or a shape mismatch (named).
+            the checkpoint's path left to the caller), per-expert tensors of experts past the
+            config's `num_experts` (a wrong expert count), or a shape mismatch (named).
     """
     rules = expand(family, cfg, jax_dims)
     missing = [r.hf for r in rules if r.hf not in available]
@@ -46,10 +51,41 @@ def checkpoint_to_params(
         if family.tied_head in missing:
             hint = f" (the config says tie_word_embeddings=false, so {family.tied_head} is needed)"
         raise MappingError(f"checkpoint lacks tensors {missing}{hint}")
+    extra = extra_experts(family, cfg, available)
+    if extra:
+        raise MappingError(
+            f"checkpoint holds experts the config does not (num_experts={cfg.dims()['E']}): "
+            f"{extra[:4]}{' ...' if len(extra) > 4 else ''} ({len(extra)} tensors)"
+        )
     hf_dims = cfg.dims()
     jdims = dict(hf_dims, **(jax_dims or {}))
+    experts: list[np.ndarray] = []  # the slices of a stacked expert param read so far
     for rule in rules:
-        yield rule, hf_to_jax(rule, read(rule.hf), hf_dims, jdims, contiguous)
+        if rule.expert is None:
+            yield rule, hf_to_jax(rule, read(rule.hf), hf_dims, jdims, contiguous)
+            continue
+        experts.append(hf_to_jax(rule.expert_slice(), read(rule.hf), hf_dims, jdims))
+        if rule.expert == rule.jax_shape[0] - 1:  # the last expert: [E, ...] stacked
+            yield rule, np.stack(experts)
+            experts = []
+
+
+def extra_experts(family: Family, cfg: Any, available: set[str]) -> list[str]:
+    """The names in `available` that a per-expert rule of `family` would map for an expert id
+    at or past `cfg`'s expert count (sorted): a checkpoint with more experts than its config."""
+    count = cfg.dims().get("E", 0)
+    layer = r"\d+"
+    out = []
+    for rule in family.rules:
+        if not rule.per_expert:
+            continue
+        pattern = re.escape(rule.hf).replace(re.escape("{layer}"), layer)
+        pattern = pattern.replace(re.escape("{expert}"), r"(\d+)")
+        for name in available:
+            match = re.fullmatch(pattern, name)
+            if match and int(match.group(1)) >= count:
+                out.append(name)
+    return sorted(out)
 
 
 def params_to_engine(
@@ -74,6 +110,9 @@ def params_to_engine(
             buffer in the HF layout wherever numpy can (strided, no copy: `jax_to_hf`), for a
             consumer that copies them anyway.
 
+    A stacked expert param [E, ...] gives E tensors, one per expert (HF's per-expert names,
+    which vLLM's `load_weights` fuses into its `w13` / `w2` expert tensors itself).
+
     Raises:
         MappingError: a param the mapping expects that `params` lacks, or params the
             mapping does not know (all named), or a shape mismatch.
@@ -90,6 +129,8 @@ def params_to_engine(
     jdims = dict(hf_dims, **(jax_dims or {}))
     for rule in rules:
         array = np.asarray(params[rule.jax]) if host else params[rule.jax]
+        if rule.expert is not None:  # one expert's slice of a stacked [E, ...] param
+            array, rule = array[rule.expert], rule.expert_slice()
         if cast is not None:
             array = cast(array)
         yield rule.hf, jax_to_hf(rule, array, hf_dims, jdims, contiguous)

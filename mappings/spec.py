@@ -6,7 +6,11 @@ a space-separated list of axes, where `(N H)` is one tensor axis made of two sym
 For example the query projection is `hf="(N H) D"` (torch Linear: [out, in]) and
 `jax="D N H"`; the transform (split the first axis into N and H, then move D first) and
 its inverse follow from the two patterns, and every shape is checked against the
-config's sizes (symbols D, F, N, K, H, V, L; see `ModelConfig.dims`).
+config's sizes (symbols D, F, N, K, H, V, L, E, M; see `ModelConfig.dims`).
+
+Experts: an HF name with `{expert}` is one tensor per expert (`mlp.experts.{expert}.gate_proj.
+weight`, "M D"), and its JAX param stacks them on a leading "E" axis ("E D M"): the rule
+expands to E concrete rules, one per HF tensor, that share the JAX path.
 
 Imports numpy only.
 """
@@ -22,7 +26,7 @@ from typing import Any
 from mappings.shards import ShardKind
 
 #: Condition names a rule may be gated by, evaluated on the model config.
-CONDITIONS = ("attention_bias", "output_bias", "qk_norm", "post_norms", "untied")
+CONDITIONS = ("attention_bias", "output_bias", "qk_norm", "qk_norm_full", "post_norms", "untied")
 
 _TOKEN = re.compile(r"\(([^()]*)\)|(\S+)")
 
@@ -85,6 +89,10 @@ class Rule:
         fused: (engine tensor, shard id) when the engine stores this tensor inside a fused
             one, e.g. ("model.layers.{layer}.self_attn.qkv_proj.weight", "q").
         when: a condition of CONDITIONS that must hold on the config, or None.
+
+    A rule whose `hf` holds `{expert}` maps E HF tensors (one per expert) into one JAX param
+    whose first axis is "E" (the experts, stacked): `jax_axes` starts with "E" and the rest
+    of it names the symbols of `hf_axes`.
     """
 
     jax: str
@@ -99,12 +107,25 @@ class Rule:
         if self.when is not None and self.when not in CONDITIONS:
             raise MappingError(f"rule {self.jax}: when={self.when!r} not in {CONDITIONS}")
         hf_syms = sorted(s for g in parse_axes(self.hf_axes) for s in g)
-        jax_syms = sorted(s for g in parse_axes(self.jax_axes) for s in g)
+        jax_groups = parse_axes(self.jax_axes)
+        if self.per_expert:
+            if not jax_groups or jax_groups[0] != ("E",):
+                raise MappingError(
+                    f"rule {self.jax}: an {{expert}} rule's jax_axes must start with 'E' "
+                    f"(the stacked experts), got {self.jax_axes!r}"
+                )
+            jax_groups = jax_groups[1:]
+        jax_syms = sorted(s for g in jax_groups for s in g)
         if hf_syms != jax_syms:
             raise MappingError(
                 f"rule {self.jax}: hf_axes {self.hf_axes!r} and jax_axes {self.jax_axes!r} "
                 "must name the same symbols"
             )
+
+    @property
+    def per_expert(self) -> bool:
+        """True when the HF name holds `{expert}`: one HF tensor per expert."""
+        return "{expert}" in self.hf
 
     @property
     def shard_kind(self) -> ShardKind:
@@ -175,6 +196,24 @@ class ConcreteRule:
     jax_shape: tuple[int, ...]
     fused: tuple[str, str] | None
     layer: int | None
+    expert: int | None = None
+
+    @property
+    def key(self) -> str:
+        """The JAX path, with `[e]` for one expert's slice of a stacked param."""
+        return self.jax if self.expert is None else f"{self.jax}[{self.expert}]"
+
+    def expert_slice(self) -> ConcreteRule:
+        """For a per-expert rule: the rule of this expert's slice alone (JAX layout without
+        the leading "E"), which `mappings.transform` applies to one HF tensor."""
+        if self.expert is None:
+            return self
+        rest = " ".join(
+            "(" + " ".join(g) + ")" if len(g) > 1 else g[0]
+            for g in parse_axes(self.rule.jax_axes)[1:]
+        )
+        rule = dataclasses.replace(self.rule, hf=self.hf, jax_axes=rest)
+        return dataclasses.replace(self, rule=rule, jax_shape=self.jax_shape[1:], expert=None)
 
 
 def expand(
@@ -203,20 +242,23 @@ def expand(
         if not condition_holds(rule.when, cfg, family):
             continue
         layers: list[int | None] = list(range(cfg.num_layers)) if "{layer}" in rule.jax else [None]
+        experts: list[int | None] = list(range(hf_dims["E"])) if rule.per_expert else [None]
         for layer in layers:
-            fmt = {"layer": layer}
-            fused = (rule.fused[0].format(**fmt), rule.fused[1]) if rule.fused else None
-            out.append(
-                ConcreteRule(
-                    rule=rule,
-                    jax=rule.jax.format(**fmt),
-                    hf=rule.hf.format(**fmt),
-                    hf_shape=shape_of(rule.hf_axes, hf_dims),
-                    jax_shape=shape_of(rule.jax_axes, jdims),
-                    fused=fused,
-                    layer=layer,
+            for expert in experts:
+                fmt = {"layer": layer, "expert": expert}
+                fused = (rule.fused[0].format(**fmt), rule.fused[1]) if rule.fused else None
+                out.append(
+                    ConcreteRule(
+                        rule=rule,
+                        jax=rule.jax.format(**fmt),
+                        hf=rule.hf.format(**fmt),
+                        hf_shape=shape_of(rule.hf_axes, hf_dims),
+                        jax_shape=shape_of(rule.jax_axes, jdims),
+                        fused=fused,
+                        layer=layer,
+                        expert=expert,
+                    )
                 )
-            )
     first_layered = next((i for i, r in enumerate(out) if r.layer is not None), len(out))
 
     def order(item: tuple[int, ConcreteRule]) -> tuple[int, int, int]:
@@ -226,11 +268,12 @@ def expand(
         return (0 if i < first_layered else 2, 0, i)
 
     out = [r for _, r in sorted(enumerate(out), key=order)]
-    for attr in ("jax", "hf"):
+    for attr in ("key", "hf"):
         seen: dict[str, int] = {}
         for r in out:
             seen[getattr(r, attr)] = seen.get(getattr(r, attr), 0) + 1
         doubles = sorted(k for k, n in seen.items() if n > 1)
         if doubles:
-            raise MappingError(f"{family.name}: {attr} names mapped more than once: {doubles}")
+            side = "jax" if attr == "key" else attr
+            raise MappingError(f"{family.name}: {side} names mapped more than once: {doubles}")
     return out

@@ -16,6 +16,8 @@ from mappings.spec import MappingError
 
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
 ROPE_TYPES = ("default", "linear", "llama3")
+#: Families whose every layer's MLP is a mixture of experts (`models.moe`).
+MOE_FAMILIES = ("qwen3_moe", "olmoe")
 
 
 class UnsupportedModelError(ValueError):
@@ -66,7 +68,7 @@ class ModelConfig:
     """Architecture of one decoder-only checkpoint, plus the dtypes we run it in.
 
     Attributes:
-        family: "llama" | "qwen2" | "qwen3" | "gemma3".
+        family: "llama" | "qwen2" | "qwen3" | "gemma3" | "qwen3_moe" | "olmoe".
         vocab_size (V), hidden_size (D), intermediate_size (F), num_layers (L),
         num_heads (N), num_kv_heads (K), head_dim (H).
         rms_norm_eps: epsilon of every RMSNorm.
@@ -74,7 +76,16 @@ class ModelConfig:
         attention_bias: q/k/v projections carry biases (qwen2; llama with `attention_bias`).
         output_bias: the output projection carries a bias too (llama's `attention_bias`, which
             biases q, k, v and o; qwen2 biases q, k, v only).
-        qk_norm: per-head RMSNorm of queries and keys before rope (qwen3, gemma3).
+        qk_norm: per-head RMSNorm of queries and keys before rope (qwen3, qwen3_moe, gemma3).
+        qk_norm_full: one RMSNorm over the whole query projection [N·H] and one over the
+            whole key projection [K·H], before rope (olmoe).
+        num_experts (E), num_experts_per_tok (top-k), moe_intermediate_size (M, each
+            expert's MLP width), norm_topk_prob (renormalise the top-k router probabilities
+            to sum to 1), router_aux_loss_coef: the mixture-of-experts MLP of every layer
+            (`models.moe`); num_experts 0 is the dense MLP.
+        moe_dispatch: how the experts are computed, "dense" (every expert on every token) or
+            "grouped" (sorted by expert, `jax.lax.ragged_dot`); both exact
+            (`models.moe_dispatch`). Not from config.json: `replace(moe_dispatch=...)`.
         norm_plus_one: RMSNorm scales by (1 + w) and multiplies in fp32 (gemma3).
         post_norms: extra norms after attention and MLP (gemma3's four norms per layer).
         embed_scale: multiply embeddings by sqrt(D) (gemma3).
@@ -102,6 +113,13 @@ class ModelConfig:
     attention_bias: bool = False
     output_bias: bool = False
     qk_norm: bool = False
+    qk_norm_full: bool = False
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    router_aux_loss_coef: float = 0.0
+    moe_dispatch: str = "dense"
     norm_plus_one: bool = False
     post_norms: bool = False
     embed_scale: bool = False
@@ -140,9 +158,17 @@ class ModelConfig:
                 f"hidden_act {self.hidden_act!r} is not supported; "
                 "supported: ['silu', 'gelu_pytorch_tanh']"
             )
+        if self.num_experts:
+            check_moe(self.num_experts, self.num_experts_per_tok, self.moe_intermediate_size)
+        if self.moe_dispatch not in ("dense", "grouped"):
+            raise UnsupportedModelError(
+                f"moe_dispatch {self.moe_dispatch!r} is not supported; supported: "
+                "['dense', 'grouped']"
+            )
 
     def dims(self) -> dict[str, int]:
-        """Symbolic dimension sizes used by the mappings: D, F, N, K, H, V, L."""
+        """Symbolic dimension sizes used by the mappings: D, F, N, K, H, V, L, and E
+        (experts), M (each expert's MLP width), both 0 for a dense model."""
         return {
             "D": self.hidden_size,
             "F": self.intermediate_size,
@@ -151,6 +177,8 @@ class ModelConfig:
             "H": self.head_dim,
             "V": self.vocab_size,
             "L": self.num_layers,
+            "E": self.num_experts,
+            "M": self.moe_intermediate_size,
         }
 
     def replace(self, **changes: Any) -> ModelConfig:
@@ -202,6 +230,7 @@ class ModelConfig:
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
         scalar = hf.get("query_pre_attn_scalar") if gemma else None
         act = hf.get("hidden_activation") or hf.get("hidden_act") or "silu"
+        moe = moe_fields(family, hf)
         return cls(
             family=family,
             vocab_size=int(hf["vocab_size"]),
@@ -215,7 +244,8 @@ class ModelConfig:
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", gemma)),
             attention_bias=family == "qwen2" or bool(hf.get("attention_bias", False)),
             output_bias=family == "llama" and bool(hf.get("attention_bias", False)),
-            qk_norm=family in ("qwen3", "gemma3"),
+            qk_norm=family in ("qwen3", "qwen3_moe", "gemma3"),
+            qk_norm_full=family == "olmoe",
             norm_plus_one=gemma,
             post_norms=gemma,
             embed_scale=gemma,
@@ -234,6 +264,7 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             dtype=dtype,
             param_dtype=param_dtype or dtype,
+            **moe,
         )
 
 
@@ -261,3 +292,51 @@ def _gemma_layer_types(hf: Mapping[str, Any], num_layers: int) -> list[str]:
         "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
         for i in range(num_layers)
     ]
+
+
+def check_moe(num_experts: int, top_k: int, width: int) -> None:
+    """Raises UnsupportedModelError unless 1 <= top_k <= num_experts and width > 0."""
+    if not 1 <= top_k <= num_experts:
+        raise UnsupportedModelError(
+            f"num_experts_per_tok={top_k} must be between 1 and num_experts={num_experts}"
+        )
+    if width <= 0:
+        raise UnsupportedModelError(f"the experts' MLP width must be positive, got {width}")
+
+
+def moe_fields(family: str, hf: Mapping[str, Any]) -> dict[str, Any]:
+    """The mixture-of-experts fields of `ModelConfig` from an HF config of `family`
+    (empty for a dense family).
+
+    Qwen3-MoE (HF `Qwen3MoeConfig`) names the experts' width `moe_intermediate_size`;
+    OLMoE (`OlmoeConfig`) uses `intermediate_size`. Both configs say `num_experts`.
+
+    Raises:
+        UnsupportedModelError: a Qwen3-MoE checkpoint with dense layers (`mlp_only_layers`,
+            `decoder_sparse_step` != 1), an OLMoE one with `clip_qkv`, or a top-k outside
+            [1, num_experts].
+    """
+    if family not in MOE_FAMILIES:
+        return {}
+    if family == "qwen3_moe" and (
+        hf.get("mlp_only_layers") or hf.get("decoder_sparse_step", 1) != 1
+    ):
+        raise UnsupportedModelError(
+            "qwen3_moe with dense layers (mlp_only_layers or decoder_sparse_step != 1) is not "
+            "supported: every layer must be a mixture of experts"
+        )
+    if family == "olmoe" and hf.get("clip_qkv") is not None:
+        raise UnsupportedModelError("olmoe with clip_qkv is not supported")
+    experts = int(hf.get("num_experts") or hf.get("num_local_experts") or 0)
+    top_k = int(hf.get("num_experts_per_tok") or 0)
+    width = int(
+        hf.get("moe_intermediate_size" if family == "qwen3_moe" else "intermediate_size") or 0
+    )
+    check_moe(experts, top_k, width)
+    return dict(
+        num_experts=experts,
+        num_experts_per_tok=top_k,
+        moe_intermediate_size=width,
+        norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+        router_aux_loss_coef=float(hf.get("router_aux_loss_coef") or 0.0),
+    )

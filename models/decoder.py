@@ -1,4 +1,5 @@
-"""One flax NNX decoder for every supported family (llama, qwen2, qwen3, gemma3).
+"""One flax NNX decoder for every supported family (llama, qwen2, qwen3, gemma3, qwen3_moe,
+olmoe).
 
 The family differences are switches of `ModelConfig` (biases, q/k norms, (1+w) norms,
 post norms, embedding scale, sliding-window layers, activation); see config.py.
@@ -15,6 +16,7 @@ from flax import nnx
 from models.config import ModelConfig
 from models.kv_cache import KVCache
 from models.layers import MLP, Attention, KeyStream, RMSNorm, _normal
+from models.moe import MoE
 from models.scan import loop_blocks, scan_blocks
 
 
@@ -36,7 +38,8 @@ class Block(nnx.Module):
     """One pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)).
 
     With `post_norms` (gemma3) the attention and MLP outputs are normed before the residual add.
-    Params: attn_norm, mlp_norm (and post_attn_norm, post_mlp_norm) `.scale` [D]; attn; mlp.
+    Params: attn_norm, mlp_norm (and post_attn_norm, post_mlp_norm) `.scale` [D]; attn; mlp
+    (a mixture of experts, `models.moe.MoE`, when `num_experts`).
     """
 
     def __init__(self, cfg: ModelConfig, layer: int, keys: KeyStream):
@@ -45,7 +48,7 @@ class Block(nnx.Module):
         self.attn_norm = RMSNorm(D, eps, p1, p)
         self.attn = Attention(cfg, layer, keys)
         self.mlp_norm = RMSNorm(D, eps, p1, p)
-        self.mlp = MLP(cfg, keys)
+        self.mlp = MoE(cfg, keys) if cfg.num_experts else MLP(cfg, keys)
         if cfg.post_norms:
             self.post_attn_norm = RMSNorm(D, eps, p1, p)
             self.post_mlp_norm = RMSNorm(D, eps, p1, p)

@@ -104,7 +104,8 @@ class Attention(nnx.Module):
 
     Params: q.kernel [D, N, H], k.kernel / v.kernel [D, K, H], o.kernel [N, H, D];
     with `attention_bias` q.bias [N, H], k.bias / v.bias [K, H]; with `output_bias` o.bias [D];
-    with `qk_norm` q_norm.scale / k_norm.scale [H].
+    with `qk_norm` q_norm.scale / k_norm.scale [H]; with `qk_norm_full` (OLMoE: one norm over
+    the whole projection) q_norm.scale [N·H], k_norm.scale [K·H].
     """
 
     def __init__(self, cfg: ModelConfig, layer: int, keys: KeyStream):
@@ -119,6 +120,9 @@ class Attention(nnx.Module):
         if cfg.qk_norm:
             self.q_norm = RMSNorm(H, cfg.rms_norm_eps, cfg.norm_plus_one, p)
             self.k_norm = RMSNorm(H, cfg.rms_norm_eps, cfg.norm_plus_one, p)
+        if cfg.qk_norm_full:
+            self.q_norm = RMSNorm(N * H, cfg.rms_norm_eps, cfg.norm_plus_one, p)
+            self.k_norm = RMSNorm(K * H, cfg.rms_norm_eps, cfg.norm_plus_one, p)
 
     def __call__(
         self,
@@ -152,6 +156,9 @@ class Attention(nnx.Module):
             v = v + self.v.bias[...].astype(dt)
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
+        if cfg.qk_norm_full:  # [B, T, N·H] and [B, T, K·H] normed, then split into heads
+            q = self.q_norm(q.reshape(*q.shape[:2], -1)).reshape(q.shape)
+            k = self.k_norm(k.reshape(*k.shape[:2], -1)).reshape(k.shape)
         rope = cfg.rope_local if self.sliding else cfg.rope_global
         inv_freq = rope_inv_freq(rope, cfg.head_dim)
         q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)

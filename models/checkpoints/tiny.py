@@ -123,6 +123,41 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         hidden_activation="gelu_pytorch_tanh",
     ),
+    # Mixture of experts: 8 experts of width 48, top-2 renormalised (norm_topk_prob), per-head
+    # q/k norms. Every layer sparse; `intermediate_size` is unused (no dense layer).
+    "qwen3_moe": dict(
+        model_type="qwen3_moe",
+        hidden_size=64,
+        intermediate_size=96,
+        moe_intermediate_size=48,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        tie_word_embeddings=False,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+    ),
+    # OLMoE: 4 experts of width `intermediate_size`, top-2 not renormalised (OLMoE's default;
+    # vLLM's OLMoE ignores norm_topk_prob), q/k norms over the whole projection; eps 1e-5,
+    # which vLLM's OLMoE hard-codes. N·H must equal D (HF sizes q_norm by D): head dim 32.
+    "olmoe": dict(
+        model_type="olmoe",
+        hidden_size=64,
+        intermediate_size=96,
+        num_experts=4,
+        num_experts_per_tok=2,
+        norm_topk_prob=False,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=False,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+    ),
 }
 
 

@@ -31,7 +31,7 @@ def test_unknown_model_type_lists_supported(tiny_checkpoint, tmp_path):
     with pytest.raises(UnsupportedModelError) as err:
         load_hf_checkpoint(tmp_path / "ckpt")
     assert "model_type 'mamba' is not supported" in str(err.value)
-    assert "'gemma3_text', 'llama', 'qwen2', 'qwen3'" in str(err.value)
+    assert "'gemma3_text', 'llama', 'olmoe', 'qwen2', 'qwen3', 'qwen3_moe'" in str(err.value)
 
 
 def test_unsupported_dtype_lists_supported(tiny_checkpoint):

@@ -1,8 +1,10 @@
-"""Loading straight onto an 8-device FSDP mesh gives the same logits as one device."""
+"""Loading straight onto an 8-device FSDP mesh gives the same logits as one device (for the
+mixtures of experts too: their per-expert tensors stacked from memory-mapped views)."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from models.checkpoints.hf_io import load_hf_checkpoint
@@ -10,14 +12,22 @@ from models.params import flat_params
 from models.sharding import make_mesh
 
 
-def test_fsdp_mesh_load_matches_single_device(tiny_checkpoint):
+@pytest.mark.parametrize(
+    "variant, name",
+    [
+        ("qwen3", "layers.0.mlp.gate.kernel"),
+        ("qwen3_moe", "layers.1.mlp.experts.down.kernel"),
+        ("olmoe", "layers.1.mlp.experts.gate.kernel"),
+    ],
+)
+def test_fsdp_mesh_load_matches_single_device(tiny_checkpoint, variant, name):
     assert len(jax.devices()) == 8
-    path = tiny_checkpoint("qwen3")
+    path = tiny_checkpoint(variant)
     _, single = load_hf_checkpoint(path)
     mesh = make_mesh(dp=2, fsdp=4)
     _, sharded = load_hf_checkpoint(path, mesh=mesh, min_shard_bytes=0)
     params = flat_params(sharded)
-    spec = params["layers.0.mlp.gate.kernel"].sharding.spec
+    spec = params[name].sharding.spec
     assert "fsdp" in tuple(spec), spec
     assert len(params["embed.embedding"].sharding.device_set) == 8
     tokens = jnp.asarray(np.random.RandomState(0).randint(4, 320, (2, 9)), jnp.int32)

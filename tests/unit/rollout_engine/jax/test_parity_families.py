@@ -1,5 +1,6 @@
 """The engine against transformers, greedy and token for token, for the families that
-``test_parity.py`` does not cover: tiny qwen3, gemma3 (sliding-window layers) and llama with
+``test_parity.py`` does not cover: tiny qwen3, gemma3 (sliding-window layers), the mixtures of
+experts qwen3_moe and olmoe (top-2 of 8 and of 4 experts, exact dispatch) and llama with
 ``attention_bias`` (biases on q, k, v and o_proj; 8 query heads per KV head), and the real
 SmolLM2-135M-Instruct (slow).
 
@@ -103,7 +104,7 @@ def _greedy_parity(path, prompts, budgets, max_len: int, reference=_hf_greedy) -
             assert r.weight_versions == [(0, 0, n)]
 
 
-@pytest.mark.parametrize("family", ["qwen3", "gemma3", "llama_bias"])
+@pytest.mark.parametrize("family", ["qwen3", "gemma3", "llama_bias", "qwen3_moe", "olmoe"])
 def test_tiny_greedy_equals_transformers_token_for_token(tiny_checkpoint, family) -> None:
     path = tiny_checkpoint(family, vocab_size=VOCAB, with_tokenizer=False)
     _greedy_parity(path, PROMPTS, BUDGETS, max_len=64)
