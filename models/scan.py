@@ -71,12 +71,19 @@ def with_remat(fn: Callable[..., jax.Array], remat: str) -> Callable[..., jax.Ar
 
 def loop_blocks(blocks: Sequence[nnx.Module], x: jax.Array, call: BlockFn, remat: str) -> jax.Array:
     """Runs `call(block, x)` for each block in turn (a Python loop: the program holds every
-    layer), each layer under `remat`. x: [B, T, D] -> [B, T, D].
+    layer), each layer under `remat`. x: [B, T, D] -> [B, T, D]. Without remat each block is
+    called in place, so variables a layer sets while running (`models.moe.Routing`) stay on
+    it; under remat the layer runs as a pure function of its state and such variables are
+    dropped.
 
     Raises:
         ValueError: an unknown remat name.
     """
     for i, block in enumerate(blocks):
+        if remat == "none":  # called in place: what a layer records (MoE routes) stays on it
+            with jax.named_scope(f"layer_{i}"):
+                x = call(block, x)
+            continue
         graphdef, state = nnx.split(block)
         body = with_remat(lambda s, h, g=graphdef: call(nnx.merge(g, s), h), remat)
         with jax.named_scope(f"layer_{i}"):
