@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from models.axes import constrain
 from models.config import ModelConfig
 from models.kv_cache import KVCache
 from models.layers import MLP, Attention, KeyStream, RMSNorm, _normal
@@ -77,8 +78,9 @@ class Block(nnx.Module):
 class Decoder(nnx.Module):
     """A decoder-only language model.
 
-    Params: embed.embedding [V, D]; layers[i] (see Block); final_norm.scale [D];
-    lm_head.kernel [D, V] unless `tie_word_embeddings` (then the LM head is embedding.T).
+    Params (logical axes in `models.axes`): embed.embedding [V, D] (vocab, embed); layers[i]
+    (see Block); final_norm.scale [D] (norm); lm_head.kernel [D, V] (embed, vocab) unless
+    `tie_word_embeddings` (then the LM head is embedding.T).
 
     Calls:
         model(tokens, positions, cache=None, kv_len=None) -> (logits [B, T, V] float32, cache)
@@ -92,13 +94,14 @@ class Decoder(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         keys = KeyStream(rngs)
-        self.embed = _Embed(_normal(keys, (cfg.vocab_size, cfg.hidden_size), cfg.param_dtype))
+        V, D = cfg.vocab_size, cfg.hidden_size
+        self.embed = _Embed(_normal(keys, (V, D), ("vocab", "embed"), cfg.param_dtype))
         self.layers = nnx.List([Block(cfg, i, keys) for i in range(cfg.num_layers)])
         self.final_norm = RMSNorm(
             cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_plus_one, cfg.param_dtype
         )
         if not cfg.tie_word_embeddings:
-            self.lm_head = _Head(_normal(keys, (cfg.hidden_size, cfg.vocab_size), cfg.param_dtype))
+            self.lm_head = _Head(_normal(keys, (D, V), ("embed", "vocab"), cfg.param_dtype))
 
     def hidden(
         self,
@@ -137,7 +140,8 @@ class Decoder(nnx.Module):
         if cache is None:
 
             def call(block: nnx.Module, h: jax.Array) -> jax.Array:
-                return block(h, positions, None, None, attention_block)[0]
+                out = block(h, positions, None, None, attention_block)[0]
+                return constrain(out, ("batch", "length", "act_embed"))
 
             run = scan_blocks if scan_layers else loop_blocks
             return self.final_norm(run(list(self.layers), x, call, remat)), None
@@ -145,6 +149,7 @@ class Decoder(nnx.Module):
         for i, block in enumerate(self.layers):
             with jax.named_scope(f"layer_{i}"):
                 x, kv = block(x, positions, (cache.k[i], cache.v[i]), kv_len, attention_block)
+                x = constrain(x, ("batch", "length", "act_embed"))
             assert kv is not None  # a layer given its cache entry returns the updated one
             new_k.append(kv[0])
             new_v.append(kv[1])

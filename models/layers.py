@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from models.axes import constrain, param
 from models.blockwise import blockwise_attention
 from models.config import ModelConfig, RopeConfig
 from models.scores import attention_mask, attention_probs
@@ -32,8 +33,11 @@ class KeyStream:
         return jax.random.fold_in(self.key, self.count)
 
 
-def _normal(keys: KeyStream, shape: tuple[int, ...], dtype: str) -> nnx.Param:
-    return nnx.Param(_INIT_STD * jax.random.normal(keys(), shape, dtype=dtype))
+def _normal(
+    keys: KeyStream, shape: tuple[int, ...], axes: tuple[str, ...], dtype: str
+) -> nnx.Param:
+    """A param of `shape` drawn from N(0, 0.02²) with logical `axes` (`models.axes.param`)."""
+    return param(_INIT_STD * jax.random.normal(keys(), shape, dtype=dtype), axes)
 
 
 class RMSNorm(nnx.Module):
@@ -43,14 +47,16 @@ class RMSNorm(nnx.Module):
     Gemma style (`plus_one`): `(x_fp32 * rsqrt(mean(x²) + eps) * (1 + w_fp32)).astype(x.dtype)`,
     the multiply done in fp32 (transformers PR 29402).
 
-    Param `scale`: [dim], initialised to 1 (Llama) or 0 (Gemma).
+    Param `scale`: [dim], initialised to 1 (Llama) or 0 (Gemma), logical axes (`axis`,):
+    "norm" for the model-width norms (over fsdp, never tp), "head_dim" for q/k norms
+    (replicated).
     """
 
-    def __init__(self, dim: int, eps: float, plus_one: bool, param_dtype: str):
+    def __init__(self, dim: int, eps: float, plus_one: bool, param_dtype: str, axis: str = "norm"):
         self.eps = eps
         self.plus_one = plus_one
         init = jnp.zeros if plus_one else jnp.ones
-        self.scale = nnx.Param(init((dim,), dtype=param_dtype))
+        self.scale = param(init((dim,), dtype=param_dtype), (axis,))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """x: [..., dim] -> [..., dim], same dtype."""
@@ -102,7 +108,8 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
 class Attention(nnx.Module):
     """Grouped-query attention (Ainslie et al. 2023) with rope, optional biases and q/k norms.
 
-    Params: q.kernel [D, N, H], k.kernel / v.kernel [D, K, H], o.kernel [N, H, D];
+    Params (logical axes in `models.axes`: D embed, N heads, K kv_heads, H head_dim):
+    q.kernel [D, N, H], k.kernel / v.kernel [D, K, H], o.kernel [N, H, D];
     with `attention_bias` q.bias [N, H], k.bias / v.bias [K, H]; with `output_bias` o.bias [D];
     with `qk_norm` q_norm.scale / k_norm.scale [H]; with `qk_norm_full` (OLMoE: one norm over
     the whole projection) q_norm.scale [N·H], k_norm.scale [K·H].
@@ -113,16 +120,17 @@ class Attention(nnx.Module):
         p = cfg.param_dtype
         self.cfg = cfg
         self.sliding = cfg.layer_types[layer] == "sliding_attention"
-        self.q = _Proj(keys, (D, N, H), (N, H) if cfg.attention_bias else None, p)
-        self.k = _Proj(keys, (D, K, H), (K, H) if cfg.attention_bias else None, p)
-        self.v = _Proj(keys, (D, K, H), (K, H) if cfg.attention_bias else None, p)
-        self.o = _Proj(keys, (N, H, D), (D,) if cfg.output_bias else None, p)
+        q_axes, kv_axes = ("embed", "heads", "head_dim"), ("embed", "kv_heads", "head_dim")
+        self.q = _Proj(keys, (D, N, H), q_axes, cfg.attention_bias, p)
+        self.k = _Proj(keys, (D, K, H), kv_axes, cfg.attention_bias, p)
+        self.v = _Proj(keys, (D, K, H), kv_axes, cfg.attention_bias, p)
+        self.o = _Proj(keys, (N, H, D), ("heads", "head_dim", "embed"), cfg.output_bias, p)
         if cfg.qk_norm:
-            self.q_norm = RMSNorm(H, cfg.rms_norm_eps, cfg.norm_plus_one, p)
-            self.k_norm = RMSNorm(H, cfg.rms_norm_eps, cfg.norm_plus_one, p)
+            self.q_norm = RMSNorm(H, cfg.rms_norm_eps, cfg.norm_plus_one, p, "head_dim")
+            self.k_norm = RMSNorm(H, cfg.rms_norm_eps, cfg.norm_plus_one, p, "head_dim")
         if cfg.qk_norm_full:
-            self.q_norm = RMSNorm(N * H, cfg.rms_norm_eps, cfg.norm_plus_one, p)
-            self.k_norm = RMSNorm(K * H, cfg.rms_norm_eps, cfg.norm_plus_one, p)
+            self.q_norm = RMSNorm(N * H, cfg.rms_norm_eps, cfg.norm_plus_one, p, "norm")
+            self.k_norm = RMSNorm(K * H, cfg.rms_norm_eps, cfg.norm_plus_one, p, "norm")
 
     def __call__(
         self,
@@ -150,6 +158,9 @@ class Attention(nnx.Module):
         q = jnp.einsum("btd,dnh->btnh", x, self.q.kernel[...].astype(dt))
         k = jnp.einsum("btd,dkh->btkh", x, self.k.kernel[...].astype(dt))
         v = jnp.einsum("btd,dkh->btkh", x, self.v.kernel[...].astype(dt))
+        q = constrain(q, ("batch", "length", "heads", "head_dim"))
+        k = constrain(k, ("batch", "length", "kv_heads", "head_dim"))
+        v = constrain(v, ("batch", "length", "kv_heads", "head_dim"))
         if cfg.attention_bias:
             q = q + self.q.bias[...].astype(dt)
             k = k + self.k.bias[...].astype(dt)
@@ -241,33 +252,37 @@ def decode_attention(
 
 
 class _Proj(nnx.Module):
-    """A projection's params: `kernel` of the given shape and an optional `bias`."""
+    """A projection's params: `kernel` of the given shape and logical axes, [inputs...,
+    outputs...], and with `bias` a bias over its output axes (the dims after the first for a
+    kernel whose input is the model width `embed`, else the last)."""
 
     def __init__(
         self,
         keys: KeyStream,
         kernel_shape: tuple[int, ...],
-        bias_shape: tuple[int, ...] | None,
+        kernel_axes: tuple[str, ...],
+        bias: bool,
         param_dtype: str,
     ):
-        self.kernel = _normal(keys, kernel_shape, param_dtype)
-        if bias_shape is not None:
-            self.bias = _normal(keys, bias_shape, param_dtype)
+        self.kernel = _normal(keys, kernel_shape, kernel_axes, param_dtype)
+        if bias:
+            out = 1 if kernel_axes[0] == "embed" else len(kernel_shape) - 1
+            self.bias = _normal(keys, kernel_shape[out:], kernel_axes[out:], param_dtype)
 
 
 class MLP(nnx.Module):
     """Gated MLP (Shazeer 2020, GLU variants): down(act(gate(x)) * up(x)).
 
-    Params: gate.kernel / up.kernel [D, F], down.kernel [F, D]. act is SiLU (Llama, Qwen)
-    or tanh-approximated GELU (Gemma).
+    Params: gate.kernel / up.kernel [D, F] (logical axes embed, mlp), down.kernel [F, D]
+    (mlp, embed). act is SiLU (Llama, Qwen) or tanh-approximated GELU (Gemma).
     """
 
     def __init__(self, cfg: ModelConfig, keys: KeyStream):
         D, F, p = cfg.hidden_size, cfg.intermediate_size, cfg.param_dtype
         self.cfg = cfg
-        self.gate = _Proj(keys, (D, F), None, p)
-        self.up = _Proj(keys, (D, F), None, p)
-        self.down = _Proj(keys, (F, D), None, p)
+        self.gate = _Proj(keys, (D, F), ("embed", "mlp"), False, p)
+        self.up = _Proj(keys, (D, F), ("embed", "mlp"), False, p)
+        self.down = _Proj(keys, (F, D), ("mlp", "embed"), False, p)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """x: [B, T, D] -> [B, T, D]."""
@@ -278,4 +293,5 @@ class MLP(nnx.Module):
             act = jax.nn.silu(gate)
         else:
             act = jax.nn.gelu(gate, approximate=True)
-        return jnp.einsum("btf,fd->btd", act * up, self.down.kernel[...].astype(dt))
+        hidden = constrain(act * up, ("batch", "length", "mlp"))  # [B, T, F]
+        return jnp.einsum("btf,fd->btd", hidden, self.down.kernel[...].astype(dt))

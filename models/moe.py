@@ -42,14 +42,15 @@ class Replay(nnx.Variable):
 class Experts(nnx.Module):
     """E gated-MLP experts stacked on a leading `experts` axis.
 
-    Params: gate.kernel / up.kernel [E, D, M], down.kernel [E, M, D].
+    Params (logical axes E experts, D embed, M mlp): gate.kernel / up.kernel [E, D, M],
+    down.kernel [E, M, D].
     """
 
     def __init__(self, cfg: ModelConfig, keys: KeyStream):
         E, D, M, p = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.param_dtype
-        self.gate = _Proj(keys, (E, D, M), None, p)
-        self.up = _Proj(keys, (E, D, M), None, p)
-        self.down = _Proj(keys, (E, M, D), None, p)
+        self.gate = _Proj(keys, (E, D, M), ("experts", "embed", "mlp"), False, p)
+        self.up = _Proj(keys, (E, D, M), ("experts", "embed", "mlp"), False, p)
+        self.down = _Proj(keys, (E, M, D), ("experts", "mlp", "embed"), False, p)
 
 
 def route(logits: jax.Array, top_k: int, norm_topk_prob: bool) -> tuple[jax.Array, jax.Array]:
@@ -98,7 +99,9 @@ class MoE(nnx.Module):
     def __init__(self, cfg: ModelConfig, keys: KeyStream):
         self.cfg = cfg
         self.record = False
-        self.router = _Proj(keys, (cfg.hidden_size, cfg.num_experts), None, cfg.param_dtype)
+        self.router = _Proj(
+            keys, (cfg.hidden_size, cfg.num_experts), ("embed", "experts"), False, cfg.param_dtype
+        )
         self.experts = Experts(cfg, keys)
 
     def __call__(self, x: jax.Array) -> jax.Array:

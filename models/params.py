@@ -8,6 +8,7 @@ from typing import Any
 import jax
 from flax import nnx
 
+from models.axes import axes_of
 from models.config import ModelConfig
 from models.decoder import Decoder
 
@@ -21,6 +22,18 @@ def flat_params(model: Decoder) -> dict[str, jax.Array]:
     """Every param of `model` by dot path (the arrays themselves, no copy)."""
     flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
     return {path_str(path): var.get_value() for path, var in flat}
+
+
+def param_axes(model: Decoder) -> dict[str, tuple[str, ...] | None]:
+    """The logical axes every param of `model` declared (`models.axes.param`), by dot path;
+    None for a param that declared none (a test holds that there is none)."""
+    flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
+    return {path_str(path): axes_of(var) for path, var in flat}
+
+
+def abstract_axes(cfg: ModelConfig) -> dict[str, tuple[str, ...] | None]:
+    """`param_axes` of a Decoder for `cfg`, built without allocating."""
+    return param_axes(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
 
 
 def abstract_params(cfg: ModelConfig) -> dict[str, Any]:

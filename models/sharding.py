@@ -1,10 +1,13 @@
-"""Train-mesh construction and the FSDP placement of params.
+"""Train-mesh construction and the placement of params by their logical axes.
 
-The mesh has axes ("dp", "fsdp") over the devices of every trainer process (one global mesh
-under `jax.distributed`: `mesh_devices`, then `make_mesh`); params are sharded along one
-dimension over "fsdp" (ZeRO-3 style, Rajbhandari et al. 2020) and replicated over "dp". Small
-params (norm scales, biases: below `min_bytes`) are replicated, as in the pure-JAX async RL
-write-up.
+The mesh has axes ("dp", "fsdp", "tp") over the devices of every trainer process (one global
+mesh under `jax.distributed`: `mesh_devices`, then `make_mesh`). Each param is placed by the
+logical axes it declared (`models.axes`) through the one rules table
+`models.axes.LOGICAL_AXIS_RULES`: the model width `embed` over "fsdp" (ZeRO-3 style,
+Rajbhandari et al. 2020), heads / kv_heads / mlp / vocab over "tp" (Megatron-LM, Shoeybi et
+al. 2019), everything replicated over "dp". Norm scales declare the axis `norm`: split over
+"fsdp" like every param, never over "tp"; small params (every norm scale and bias of a real
+model under the default 64 KiB `min_bytes`) are replicated on every device.
 """
 
 from __future__ import annotations
@@ -17,7 +20,15 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from models.axes import MESH_AXES, logical_spec
+from models.config import ModelConfig
+
+#: The mesh axes the batch's rows are split over.
 DATA_AXES = ("dp", "fsdp")
+
+
+class MeshError(ValueError):
+    """A mesh that does not fit the devices or the model (the message names the numbers)."""
 
 
 def mesh_devices(per_process: int | None = None) -> list[jax.Device]:
@@ -42,47 +53,73 @@ def mesh_devices(per_process: int | None = None) -> list[jax.Device]:
     return out
 
 
-def make_mesh(dp: int = 1, fsdp: int = -1, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A ("dp", "fsdp") mesh over `devices` (default: all, of every process); fsdp=-1 takes
-    what dp leaves.
+def make_mesh(
+    dp: int = 1,
+    fsdp: int = -1,
+    devices: Sequence[jax.Device] | None = None,
+    *,
+    tp: int = 1,
+) -> Mesh:
+    """A ("dp", "fsdp", "tp") mesh over `devices` (default: all, of every process), the
+    devices in order with "tp" innermost (a TP group is consecutive devices, one process's
+    where it can be); fsdp=-1 takes what dp and tp leave.
 
     Axis types are Auto, so matmuls that contract over a sharded axis compile.
 
     Raises:
-        ValueError: dp · fsdp differs from the number of devices.
+        MeshError: dp · tp does not divide the devices (fsdp=-1), or dp · fsdp · tp differs
+            from the number of devices; the message names the numbers.
     """
     devs = list(devices if devices is not None else jax.devices())
+    if tp < 1 or dp < 1:
+        raise MeshError(f"dp and tp must be >= 1; got dp={dp}, tp={tp}")
     if fsdp == -1:
-        if len(devs) % dp:
-            raise ValueError(f"dp={dp} does not divide the {len(devs)} devices")
-        fsdp = len(devs) // dp
-    if dp * fsdp != len(devs):
-        raise ValueError(f"dp·fsdp = {dp}·{fsdp} = {dp * fsdp}, but there are {len(devs)} devices")
-    grid = np.array(devs, dtype=object).reshape(dp, fsdp)
-    return Mesh(grid, DATA_AXES, axis_types=(AxisType.Auto, AxisType.Auto))
+        if len(devs) % (dp * tp):
+            raise MeshError(
+                f"dp·tp = {dp}·{tp} = {dp * tp} does not divide the {len(devs)} devices"
+            )
+        fsdp = len(devs) // (dp * tp)
+    if dp * fsdp * tp != len(devs):
+        raise MeshError(
+            f"dp·fsdp·tp = {dp}·{fsdp}·{tp} = {dp * fsdp * tp}, but there are {len(devs)} devices"
+        )
+    grid = np.array(devs, dtype=object).reshape(dp, fsdp, tp)
+    return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
 
 
-def fsdp_spec(shape: Sequence[int], itemsize: int, fsdp: int, min_bytes: int) -> PartitionSpec:
-    """The PartitionSpec of one param: its largest dim divisible by `fsdp` over "fsdp".
+def check_tp(cfg: ModelConfig, tp: int) -> None:
+    """Holds a model against a tensor-parallel degree: "tp" splits the query heads and the KV
+    heads (`models.axes.LOGICAL_AXIS_RULES`), so it must divide both.
 
-    Replicated when fsdp == 1, when the param is under `min_bytes` bytes, or when no dim
-    divides evenly.
+    Raises:
+        MeshError: `tp` does not divide num_heads or num_kv_heads (names the numbers).
     """
-    if fsdp == 1 or math.prod(shape) * itemsize < min_bytes:
-        return PartitionSpec()
-    candidates = [d for d in range(len(shape)) if shape[d] % fsdp == 0]
-    if not candidates:
-        return PartitionSpec()
-    dim = max(candidates, key=lambda d: shape[d])
-    return PartitionSpec(*[("fsdp" if d == dim else None) for d in range(len(shape))])
+    for what, n in (("num_heads", cfg.num_heads), ("num_kv_heads", cfg.num_kv_heads)):
+        if n % tp:
+            raise MeshError(f"trainer.tp={tp} does not divide the model's {what}={n}")
 
 
 def param_sharding(
-    shape: Sequence[int], dtype: np.dtype | str, mesh: Mesh, min_bytes: int = 1 << 16
+    axes: Sequence[str],
+    shape: Sequence[int],
+    dtype: np.dtype | str,
+    mesh: Mesh,
+    min_bytes: int = 1 << 16,
 ) -> NamedSharding:
-    """NamedSharding of a param of `shape`/`dtype` on `mesh` (see fsdp_spec)."""
-    itemsize = np.dtype(dtype).itemsize
-    return NamedSharding(mesh, fsdp_spec(shape, itemsize, mesh.shape["fsdp"], min_bytes))
+    """NamedSharding of a param with logical `axes`, `shape` and `dtype` on `mesh`: its axes
+    through `models.axes.LOGICAL_AXIS_RULES` (`models.axes.logical_spec`).
+
+    A param under `min_bytes` bytes is replicated whatever its axes (a gather per use costs
+    more than it saves): at the default 64 KiB that is every norm scale and bias of a real
+    model (a [576] fp32 norm is 2.3 KiB); above it a norm scale (axis `norm`) splits over
+    "fsdp" and never over "tp".
+
+    Raises:
+        ValueError: a dim the mesh axes it maps to do not split evenly (named).
+    """
+    if math.prod(shape) * np.dtype(dtype).itemsize < min_bytes:
+        return NamedSharding(mesh, PartitionSpec())
+    return NamedSharding(mesh, logical_spec(axes, shape, dict(mesh.shape)))
 
 
 def place(host: np.ndarray, sharding: NamedSharding, dtype: Any = None) -> jax.Array:
@@ -101,12 +138,17 @@ def place(host: np.ndarray, sharding: NamedSharding, dtype: Any = None) -> jax.A
 def put(x: jax.Array | np.ndarray, sharding: NamedSharding) -> jax.Array:
     """A fresh copy of `x` with `sharding` (never aliasing `x`), for one process or many.
 
-    One process: `jax.device_put`. Several: a host array or an array on this process's
-    devices only (the same values on every process) goes through `place`; an array that
-    already spans the processes is resharded by a jitted copy.
+    One process: `jax.device_put` of a host array, a jitted copy of a jax.Array
+    (`jax.device_put(..., may_alias=False)` onto a replicated sharding hands back the source's
+    own buffer as one of the replicas in JAX 0.10.2, so a donated step would delete the
+    source). Several: a host array or an array on this process's devices only (the same values
+    on every process) goes through `place`; an array that already spans the processes is
+    resharded by a jitted copy.
     """
     if jax.process_count() == 1:
-        return jax.device_put(x, sharding, may_alias=False)
+        if isinstance(x, np.ndarray):
+            return jax.device_put(x, sharding)
+        return jax.jit(lambda a: a.copy(), out_shardings=sharding)(x)
     if isinstance(x, np.ndarray) or x.is_fully_addressable:
         return place(np.asarray(x), sharding)
     return jax.jit(lambda a: a.copy(), out_shardings=sharding)(x)

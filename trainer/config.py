@@ -70,9 +70,15 @@ class TrainerSection(_Section):
     dp: int = Field(default=1, ge=1)
     """Data-parallel axis size of the train mesh."""
     fsdp: int = Field(default=-1, ge=-1)
-    """FSDP axis size; -1 takes every device dp leaves."""
+    """FSDP axis size (the model width `embed` of every param is split over it); -1 takes
+    every device dp and tp leave."""
+    tp: int = Field(default=1, ge=1)
+    """Tensor-parallel axis size of the train mesh (Megatron-style: query heads, KV heads,
+    the MLP width and the vocab split over it; `models.axes`); must divide the model's heads
+    and KV heads and, with dp, the trainer's devices."""
     min_shard_bytes: int = Field(default=1 << 16, ge=0)
-    """Params smaller than this (bytes) are replicated instead of FSDP-sharded."""
+    """Params smaller than this (bytes) are replicated instead of sharded by their logical
+    axes."""
     logprob_chunk_size: int = Field(default=1024, ge=1)
     """Rows per chunk of the fused log-prob kernel."""
     attention_block: int = Field(default=512, ge=0)

@@ -1,7 +1,7 @@
 """The trainer as P processes under JAX's multi-controller runtime (`jax.distributed`).
 
 Every trainer process runs the same program; together they see one global device list, and
-one ("dp", "fsdp") mesh spans all of it (`models.sharding.mesh_devices`, `make_mesh`).
+one ("dp", "fsdp", "tp") mesh spans all of it (`models.sharding.mesh_devices`, `make_mesh`).
 
 Two ways in:
 - One machine (the launcher's CI path, one process per GPU on a multi-GPU node): an explicit

@@ -7,7 +7,7 @@ followers what comes next, so they enter the same collective in the same order:
 
 - ``step``: `LeaderStep`: every process calls `TrainStep`, which shares process 0's `RLBatch`
   (`trainer.global_batch.share_batch`; the followers pass None), and all take the same jitted
-  train step on the global ("dp", "fsdp") mesh;
+  train step on the global ("dp", "fsdp", "tp") mesh;
 - ``push``: over gloo, NCCL or jax_transfer every process makes its own blocks of
   the new version (`trainer.publish.local_shards`: the cast and layout change run sharded,
   a collective) and is one sender of it (`transport.fan_in`): process 0's publisher runs the

@@ -1,4 +1,4 @@
-"""The jitted RL train step on a ("dp", "fsdp") mesh, with gradient accumulation.
+"""The jitted RL train step on a ("dp", "fsdp", "tp") mesh, with gradient accumulation.
 
 Legend: B rows of the batch, L padded length, D model width, V vocabulary, k micro-batches,
 M = B / k rows per micro-batch.
@@ -9,8 +9,11 @@ micro-batch and the split needs no communication, as in the seed write-up "Async
 section "Shardings"); for each, `model.hidden` -> fused log-probs of the targets at the sampling
 temperature -> the registry's loss with the full batch's normalizer (so the k micro-losses sum to
 the full-batch loss and the update does not depend on k); sum the gradients; one optax update.
-Params live as a flat dict by dot path (`models.params.flat_params`), FSDP-sharded by
-`models.sharding.param_sharding`; the optimizer moments get the same placement.
+Params live as a flat dict by dot path (`models.params.flat_params`), placed by their declared
+logical axes (`models.sharding.param_sharding`: embed over "fsdp", heads / kv_heads / mlp /
+vocab over "tp", Megatron-style); the optimizer moments get the same placement, and the step
+runs under `jax.set_mesh` so the decoder's activation constraints (`models.axes.constrain`)
+apply.
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from models.decoder import Decoder
-from models.params import flat_params, path_str
+from models.params import flat_params, param_axes, path_str
 from models.scan import remat_policy
-from models.sharding import host_value, param_sharding, put
+from models.sharding import check_tp, host_value, param_sharding, put
 from trainer.batch import BATCH_AXES, RLBatch, shard_batch
 from trainer.gap import GAP_SETS, gap_metrics
 from trainer.global_batch import share_batch
@@ -46,7 +49,8 @@ class TrainState:
     """Everything a step updates.
 
     Attributes:
-      params: flat params by dot path ("layers.0.attn.q.kernel") -> jax.Array, FSDP-sharded.
+      params: flat params by dot path ("layers.0.attn.q.kernel") -> jax.Array, sharded by
+        their logical axes.
       opt_state: the optax state of those params (moments sharded like them).
       step: [] int32 jax.Array, updates applied so far.
     The same structure holds NamedShardings (`TrainStep.shardings`) or ShapeDtypeStructs
@@ -113,7 +117,7 @@ class TrainStep:
       loss: a loss from `trainer.losses.make_loss`.
       tx: the optax transformation (build it with ``grad_accum_steps=1``: accumulation happens
         here, inside one call).
-      mesh: a ("dp", "fsdp") mesh (`models.sharding.make_mesh`).
+      mesh: a ("dp", "fsdp", "tp") mesh (`models.sharding.make_mesh`).
       temperature: the engines' sampling temperature (> 0); log-probs are computed under it.
       top_k, top_p: the engines' sampling truncation (0 and 1: off); log-probs are taken under
         the truncated, renormalised distribution (`trainer.truncation`).
@@ -121,7 +125,7 @@ class TrainStep:
       chunk_size: rows per chunk of the fused log-prob kernel.
       attention_block: tokens per block of the attention when the padded length L exceeds
         it (`models.blockwise`: memory O(L · block)); 0 keeps the dense path.
-      min_shard_bytes: params below this size are replicated.
+      min_shard_bytes: params below this size (bytes) are replicated.
       scan_layers: run the layers as one `jax.lax.scan` over their stacked params
         (`models.scan`); False: a Python loop over the layers. Same values either way.
       remat: the per-layer remat policy, a `models.scan.REMAT_POLICIES` name ("none": keep
@@ -136,6 +140,10 @@ class TrainStep:
     the loss and its reductions.
 
     A loss with ``kl_coef > 0`` needs a frozen reference policy: call `set_reference` first.
+
+    Raises:
+      MeshError: the mesh's "tp" does not divide the model's heads or KV heads.
+      ValueError: a bad setting above (named), or a param dim its mesh axes do not split.
     """
 
     def __init__(
@@ -164,6 +172,7 @@ class TrainStep:
             raise ValueError(f"attention_block must be >= 0 tokens; got {attention_block}")
         if top_k < 0 or not 0 < top_p <= 1:
             raise ValueError(f"need top_k >= 0 and 0 < top_p <= 1; got {top_k}, {top_p}")
+        check_tp(model.cfg, mesh.shape.get("tp", 1))
         self.template = ModelTemplate(model)
         self.loss = loss
         self.tx = tx
@@ -180,17 +189,29 @@ class TrainStep:
         self._abstract = {
             k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in flat_params(model).items()
         }
-        self._param_shardings = {k: self._place(v) for k, v in self._abstract.items()}
-        self._opt_shardings = jax.tree.map(self._place, jax.eval_shape(tx.init, self._abstract))
         self._replicated = NamedSharding(mesh, P())
+        axes = param_axes(model)
+        self._param_shardings = {
+            k: param_sharding(axes[k] or (), v.shape, v.dtype, mesh, self.min_shard_bytes)
+            for k, v in self._abstract.items()
+        }
+        self._opt_shardings = jax.tree_util.tree_map_with_path(
+            self._place_moment, jax.eval_shape(tx.init, self._abstract)
+        )
         self.shardings = TrainState(self._param_shardings, self._opt_shardings, self._replicated)
         self.ref_params: Params | None = None
         self._jitted = jax.jit(
             self._step, out_shardings=(self.shardings, self._replicated), donate_argnums=0
         )
 
-    def _place(self, leaf: jax.ShapeDtypeStruct) -> NamedSharding:
-        return param_sharding(leaf.shape, leaf.dtype, self.mesh, self.min_shard_bytes)
+    def _place_moment(self, path: tuple, leaf: jax.ShapeDtypeStruct) -> NamedSharding:
+        """An optimizer-state leaf is placed like the param whose dot path keys it (a moment of
+        the param's shape); anything else (step counts) is replicated."""
+        for entry in reversed(path):
+            name = getattr(entry, "key", None)
+            if name in self._param_shardings and leaf.shape == self._abstract[name].shape:
+                return self._param_shardings[name]
+        return self._replicated
 
     def abstract_state(self) -> TrainState:
         """Shapes, dtypes and shardings of the state (a restore target for orbax)."""
@@ -257,7 +278,8 @@ class TrainStep:
                 f"{self.micro_batches} x batch shards {shards}"
             )
         ref = self.ref_params if self.loss.kl_coef > 0 else None
-        new_state, metrics = self._jitted(state, shard_batch(batch, self.mesh), ref)
+        with jax.set_mesh(self.mesh):
+            new_state, metrics = self._jitted(state, shard_batch(batch, self.mesh), ref)
         host = {k: float(host_value(v)) for k, v in metrics.items()}
         for name in GAP_SETS:
             if host[f"gap/{name}/tokens"] == 0:

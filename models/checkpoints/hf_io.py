@@ -2,7 +2,8 @@
 
 Loading reads one tensor at a time (single `model.safetensors` or sharded with
 `model.safetensors.index.json`), maps it, casts it to the param dtype and places it,
-optionally straight onto a mesh with FSDP sharding, so the whole model never sits on one
+optionally straight onto a mesh, sharded by each param's logical axes, so the whole model never
+sits on one
 device. Export writes `config.json` and `model.safetensors` that transformers and vLLM load.
 """
 
@@ -25,8 +26,8 @@ from mappings.apply import checkpoint_to_params, params_to_engine
 from mappings.registry import get_family
 from models.config import ModelConfig
 from models.decoder import Decoder
-from models.params import flat_params, model_from_params
-from models.sharding import param_sharding, place
+from models.params import abstract_axes, flat_params, model_from_params
+from models.sharding import check_tp, param_sharding, place
 
 #: safetensors dtype names -> the numpy dtype of a view (`CheckpointReader.view`).
 _VIEW_DTYPES: dict[str, Any] = {
@@ -146,8 +147,9 @@ def load_hf_checkpoint(
     Args:
         path: folder with config.json and model.safetensors (or a sharded index).
         dtype: compute dtype; param_dtype: storage dtype (default: dtype).
-        mesh: if given, a ("dp", "fsdp") mesh, possibly over several processes; each param is
-            placed with FSDP sharding as it is read (see models.sharding), never whole on one
+        mesh: if given, a ("dp", "fsdp", "tp") mesh, possibly over several processes; each
+            param is placed by its logical axes as it is read (`models.sharding.param_sharding`),
+            never whole on one
             device first, and each process copies out of the memory-mapped file only the
             slices its devices hold, cast one slice at a time (`CheckpointReader.view`, the
             mapping's layout change as a numpy view, `models.sharding.place`); no process
@@ -161,6 +163,7 @@ def load_hf_checkpoint(
     Raises:
         UnsupportedModelError: unknown model_type or dtype (lists the supported ones).
         MappingError: a tensor the family needs is missing (named) or has the wrong shape.
+        MeshError: the mesh's "tp" does not divide the heads or KV heads (the numbers named).
     """
     cfg = ModelConfig.from_hf(read_hf_config(path), dtype=dtype, param_dtype=param_dtype)
     reader = CheckpointReader(path)
@@ -171,9 +174,11 @@ def load_hf_checkpoint(
         for rule, array in checkpoint_to_params(family, cfg, reader.read, reader.names()):
             loaded[rule.jax] = jnp.asarray(array.astype(target, copy=False))
         return cfg, model_from_params(cfg, loaded)
+    check_tp(cfg, mesh.shape.get("tp", 1))
+    axes = abstract_axes(cfg)
     views = checkpoint_to_params(family, cfg, reader.view, reader.names(), contiguous=False)
     for rule, view in views:
-        sharding = param_sharding(view.shape, target, mesh, min_shard_bytes)
+        sharding = param_sharding(axes[rule.jax] or (), view.shape, target, mesh, min_shard_bytes)
         loaded[rule.jax] = place(view, sharding, target)
     return cfg, model_from_params(cfg, loaded)
 

@@ -5,7 +5,8 @@ submits prompts through the gateway: greedy outputs equal transformers' for B to
 and at temperature 0.7 the returned log-probs of the sampled tokens equal the JAX model's
 `log_softmax(logits / 0.7)` of the same tokens within 1e-4; every rollout carries version 1.
 The JAX engine compiles its temperature in, so its greedy and sampled checks use one engine each.
-One engine process at a time.
+A third case pushes B from a tensor-parallel trainer (tp=2 x fsdp=2). One engine process at
+a time.
 """
 
 from __future__ import annotations
@@ -119,6 +120,28 @@ def test_vllm_engine_serves_b_after_a_push_over_gloo(tmp_path, models):
         _push_b(trainer, models)
         _check_greedy(_submit(trainer, _greedy("b", 1)), "b", models["ref_b"], 1)
         _check_sampled_logprobs(trainer, models["decoder_b"])
+
+
+def test_vllm_engine_serves_b_pushed_from_a_tp2_trainer(tmp_path, models, tiny_checkpoint):
+    """The trainer holds B on a ("dp", "fsdp", "tp") = (1, 2, 2) mesh (Megatron-style: heads,
+    KV heads, MLP width and vocab over tp, embed over fsdp); the push into vLLM at TP 1
+    gathers every tensor from its tp x fsdp pieces, and greedy equals transformers'."""
+    from models.sharding import make_mesh
+
+    mesh = make_mesh(1, 2, devices=jax.devices()[:4], tp=2)
+    cfg_b, decoder_b = load_hf_checkpoint(
+        tiny_checkpoint("llama", seed=12), dtype="float32", mesh=mesh, min_shard_bytes=0
+    )
+    q = decoder_b.layers[0].attn.q.kernel[...].sharding.spec
+    assert tuple(q) == ("fsdp", "tp", None)
+    assert tuple(decoder_b.layers[0].mlp.down.kernel[...].sharding.spec) == ("tp", "fsdp")
+    tp_models = {"cfg_b": cfg_b, "decoder_b": decoder_b}
+    with H.stack(tmp_path, models["A"], ["--backend", "vllm", "--vllm-max-model-len", "128"]) as (
+        trainer, _, _,
+    ):  # fmt: skip
+        _push_b(trainer, tp_models)
+        _check_greedy(_submit(trainer, _greedy("b", 1)), "b", models["ref_b"], 1)
+        _check_sampled_logprobs(trainer, decoder_b)
 
 
 JAX_ARGS = ["--backend", "jax", "--jax-num-slots", "8", "--jax-max-model-len", "64"]

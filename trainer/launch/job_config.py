@@ -344,6 +344,24 @@ class JobConfig(_Section):
         return tuple(dict.fromkeys(self.launch.engine_backends)) or (self.run.rollout.backend,)
 
     @model_validator(mode="after")
+    def _mesh_fits_devices(self) -> JobConfig:
+        """The train mesh dp x fsdp x tp must tile the trainer's devices
+        (launch.trainer_devices on each of launch.trainer_processes processes)."""
+        t, devices = self.run.trainer, self.launch.trainer_devices * self.launch.trainer_processes
+        if devices % (t.dp * t.tp):
+            raise ValueError(
+                f"trainer.dp x trainer.tp = {t.dp} x {t.tp} does not divide the trainer's "
+                f"{devices} devices (launch.trainer_devices x launch.trainer_processes)"
+            )
+        if t.fsdp != -1 and t.dp * t.fsdp * t.tp != devices:
+            raise ValueError(
+                f"trainer.dp x fsdp x tp = {t.dp} x {t.fsdp} x {t.tp} = {t.dp * t.fsdp * t.tp}, "
+                f"but the trainer has {devices} devices (launch.trainer_devices x "
+                "launch.trainer_processes)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _port_range(self) -> JobConfig:
         launch = self.launch
         last = launch.data_plane_port + launch.data_plane_port_count - 1

@@ -3,7 +3,7 @@
 With `launch.trainer_processes` P > 1 every trainer process is a sender on the data plane
 (`transport.fan_in`). Each turns the params into the engine tensors (HF names and layout, wire
 dtype) with JAX, tensor by tensor: the cast and the mapping's layout change run on the global
-("dp", "fsdp") mesh and stay sharded, so no process holds a whole tensor (`engine_arrays`; a
+("dp", "fsdp", "tp") mesh and stay sharded, so no process holds a whole tensor (`engine_arrays`; a
 collective: every process calls it at the same point, in the same order). Each result's global
 sharding says which device holds which block of the HF tensor
 (`jax.sharding.Sharding.devices_indices_map`); every process reads the same map, so all agree

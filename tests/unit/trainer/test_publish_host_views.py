@@ -118,3 +118,26 @@ def test_sharded_manifest_packs_host_views_and_split_params_alike(path):
     assert got_split == expected
     assert manifest.tensors[3].name == Q  # rank 1 got only rows 64..128 of q_proj
     assert manifest.region(3, 1) == (slice(64, 128), slice(0, 64))
+
+
+def test_params_of_a_tp2_trainer_pack_like_the_checkpoint(path):
+    """The trainer's params on a ("dp", "fsdp", "tp") = (1, 2, 2) mesh (q split by head over
+    tp and by model width over fsdp): the whole manifest (an engine at TP 1) and the TP-2
+    sharded one pack byte for byte like the checkpoint rounded to bf16 by JAX."""
+    mesh = make_mesh(1, 2, devices=jax.devices()[:4], tp=2)
+    cfg, decoder = load_hf_checkpoint(path, dtype="float32", mesh=mesh, min_shard_bytes=0)
+    params = flat_params(decoder)
+    assert tuple(params["layers.0.attn.q.kernel"].sharding.spec) == ("fsdp", "tp", None)
+    assert tuple(params["layers.0.attn.o.kernel"].sharding.spec) == ("tp", None, "fsdp")
+    publisher = _publisher(cfg)
+    assert _packed(publisher, params) == _expected(publisher, path)
+    reference = load_file(str(path / "model.safetensors"))
+    manifest = publisher.manifest(1, tp_size=2)
+    expected = _packed_tp2(
+        publisher,
+        (
+            (t.name, np.asarray(jnp.asarray(reference[t.name].numpy()).astype(jnp.bfloat16)))
+            for t in manifest.tensors
+        ),
+    )
+    assert _packed_tp2(publisher, publisher._sharded_tensors(params)) == expected

@@ -129,14 +129,20 @@ def test_matches_vllm_loaders(tp):
 
 
 def _jax_fsdp(full: np.ndarray, fsdp: int, dp: int = 1):
-    """`full` as a JAX array on `dp * fsdp` host devices, split as the trainer splits params
-    (its largest dim divisible by `fsdp` over "fsdp", replicated over "dp"; no size floor)."""
+    """`full` (an HF-shaped tensor, which declares no logical axes) as a JAX array on
+    `dp * fsdp` host devices: its largest dim divisible by `fsdp` over "fsdp", replicated over
+    "dp", so the data plane meets splits of dim 0 and of dim 1 (it reads any layout from the
+    array's shards)."""
     import jax
+    from jax.sharding import NamedSharding, PartitionSpec
 
-    from models.sharding import make_mesh, param_sharding
+    from models.sharding import make_mesh
 
     mesh = make_mesh(dp=dp, fsdp=fsdp, devices=jax.devices()[: dp * fsdp])
-    return jax.device_put(full, param_sharding(full.shape, full.dtype, mesh, min_bytes=0))
+    dims = [d for d in range(full.ndim) if full.shape[d] % fsdp == 0]
+    dim = max(dims, key=lambda d: full.shape[d]) if fsdp > 1 and dims else None
+    spec = PartitionSpec(*["fsdp" if d == dim else None for d in range(full.ndim)])
+    return jax.device_put(full, NamedSharding(mesh, spec))
 
 
 @pytest.mark.vllm

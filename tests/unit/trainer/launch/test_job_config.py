@@ -83,3 +83,26 @@ def test_cli_help_and_bad_key_answer_fast():
     assert out.returncode == 2
     assert "unknown key 'x.y'" in out.stderr
     assert time.monotonic() - t0 < 10  # no JAX, torch or vLLM import before the config checks
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["trainer.tp=2", "launch.trainer_devices=3"],
+            "trainer.dp x trainer.tp = 1 x 2 does not divide the trainer's 3 devices",
+        ),
+        (
+            ["trainer.tp=2", "trainer.fsdp=2", "launch.trainer_devices=2"],
+            "trainer.dp x fsdp x tp = 1 x 2 x 2 = 4, but the trainer has 2 devices",
+        ),
+        (["trainer.tp=0"], "trainer.tp: Input should be greater than or equal to 1"),
+    ],
+)
+def test_a_mesh_that_does_not_tile_the_devices_names_the_numbers(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_job_config(REPO / "configs" / "smoke.yaml", overrides)
+    job = load_job_config(
+        REPO / "configs" / "smoke.yaml", ["trainer.tp=2", "launch.trainer_devices=4"]
+    )
+    assert (job.run.trainer.tp, job.run.trainer.fsdp) == (2, -1)
