@@ -15,7 +15,7 @@ from models.params import abstract_axes, abstract_params
 
 #: The mapping's axis symbols (`ModelConfig.dims`) and the logical axis each one is.
 SYMBOL_AXES = {"D": "embed", "N": "heads", "K": "kv_heads", "H": "head_dim", "F": "mlp"}
-SYMBOL_AXES["V"] = "vocab"
+SYMBOL_AXES |= {"V": "vocab", "E": "experts", "M": "mlp"}  # M: an expert's MLP width
 
 
 def _cfg(variant: str) -> ModelConfig:
@@ -42,8 +42,10 @@ def test_shard_kind_from_axes_is_the_mapping_rules(family_variant):
     for r in rules:
         assert shard_kind(axes[r.jax]) == r.rule.shard_kind, r.jax
         symbols = [g[0] for g in parse_axes(r.rule.jax_axes)]
-        named = ["embed" if a == "norm" else a for a in axes[r.jax]]
-        assert named == [SYMBOL_AXES[s] for s in symbols], r.jax
+        # a norm's width is "norm" whatever it spans (D; OLMoE's whole projection N·H)
+        want = [SYMBOL_AXES[s] for s in symbols]
+        named = [w if a == "norm" else a for a, w in zip(axes[r.jax], want, strict=True)]
+        assert named == want, r.jax
 
 
 def test_rules_place_params_megatron_style():

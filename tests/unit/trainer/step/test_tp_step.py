@@ -49,7 +49,11 @@ def test_tp_step_equals_one_device(family_variant, batch_source):
         state, hist = _run(variant, batch_source, mesh)
         q = state.params["layers.0.attn.q.kernel"].sharding.spec
         assert tuple(q) == ("fsdp" if fsdp > 1 else None, "tp", None)
-        assert tuple(state.params["layers.0.mlp.down.kernel"].sharding.spec)[0] == "tp"
+        if "layers.0.mlp.down.kernel" in state.params:  # dense MLP: down [F, D]
+            assert tuple(state.params["layers.0.mlp.down.kernel"].sharding.spec)[0] == "tp"
+        else:  # mixture of experts: down [E, M, D], each expert's width M over tp
+            down = state.params["layers.0.mlp.experts.down.kernel"]
+            assert tuple(down.sharding.spec)[:2] == (None, "tp")
         for got, want in zip(hist, ref_hist, strict=True):
             for key in ("loss", "grad_norm", "num_tokens"):
                 np.testing.assert_allclose(got[key], want[key], rtol=1e-6, atol=1e-6, err_msg=key)
