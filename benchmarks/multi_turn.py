@@ -9,6 +9,11 @@ Workload, the same on each engine (`--engines`, default the JAX engine and vLLM)
   scripted environment (never done before the last turn);
 - ``single``: the same prompts x samples as one completion of `--turns` x `--turn-tokens`
   tokens each (EOS ignored): the same model tokens in one request.
+- ``--turn-tokens-mix F`` (F > 1): episodes of many shapes inside each group: sample s of
+  S plays turns of ``turn_tokens * F**(s/(S-1)) / sqrt(F)`` tokens (F times longer for the
+  last sample than for the first), observations scaled alike, and ``turns - s % turns``
+  turns (the group's episodes end at different turns); its single completion has the same
+  model tokens (one request per sample).
 Both after an untimed warm-up of the same workload (the JAX engine compiles every bucket);
 all episodes (or completions) submitted at once; wall seconds of one pass.
 
@@ -21,7 +26,7 @@ round trips).
 
 Usage: python benchmarks/multi_turn.py [--model smollm2|tiny|HF_DIR] [--engines jax,vllm]
     [--prompts 16] [--samples 4] [--turns 3] [--turn-tokens 32] [--observation-tokens 16]
-    [--slots 64] [--vllm-dtype bfloat16|float32]
+    [--turn-tokens-mix 1] [--slots 64] [--vllm-dtype bfloat16|float32]
 Prints one line per measurement, then one JSON object on the last line. On a CPU without bf16
 instructions (AVX2 only) vLLM computes bf16 far slower than fp32: pass --vllm-dtype float32.
 """
@@ -82,34 +87,53 @@ def make_backend(engine: str, path: Path, args, max_len: int):
     )
 
 
+def shapes(args) -> list[tuple[int, int, int]]:
+    """(turn tokens, observation words, turns) of each sample of a group (see the module
+    docstring: all alike unless `--turn-tokens-mix`)."""
+    f, n = args.turn_tokens_mix, args.samples
+    if f <= 1:
+        return [(args.turn_tokens, args.observation_tokens, args.turns)] * n
+    scale = [f ** (s / max(n - 1, 1)) / f**0.5 for s in range(n)]
+    return [
+        (max(1, round(args.turn_tokens * x)), max(1, round(args.observation_tokens * x)),
+         args.turns - s % args.turns)
+        for s, x in enumerate(scale)
+    ]  # fmt: skip
+
+
 async def one_pass(
     backend, prompts: list[np.ndarray], args, glue, encode: Callable, decode: Callable, tag: str
 ) -> dict[str, float]:
     """One pass of each workload; returns wall seconds and model tokens of both."""
-    limits = EpisodeLimits(args.turns, 100_000, 100_000)
-    observation = " ".join(["ok"] * args.observation_tokens)
-    turn = m.SamplingParams(temperature=1.0, max_new_tokens=args.turn_tokens, ignore_eos=True)
-    whole = m.SamplingParams(
-        temperature=1.0, max_new_tokens=args.turns * args.turn_tokens, ignore_eos=True
-    )
+    shape = shapes(args)
+
+    def sampling(tokens: int) -> m.SamplingParams:
+        return m.SamplingParams(temperature=1.0, max_new_tokens=tokens, ignore_eos=True)
+
     out: dict[str, float] = {}
     t = time.perf_counter()
     played = await asyncio.gather(*(
-        run_episode(backend.generate, m.Prompt(f"{tag}m{i}/{s}", ids, 1, turn),
-                    FixedReplies(observation, args.turns), {"question": "q"}, encode, decode,
-                    glue, limits)
-        for i, ids in enumerate(prompts) for s in range(args.samples)
+        run_episode(backend.generate, m.Prompt(f"{tag}m{i}/{s}", ids, 1, sampling(n)),
+                    FixedReplies(" ".join(["ok"] * o), k), {"question": "q"}, encode, decode,
+                    glue, EpisodeLimits(k, 100_000, 100_000))
+        for i, ids in enumerate(prompts) for s, (n, o, k) in enumerate(shape)
     ))  # fmt: skip
     out["multi_s"] = time.perf_counter() - t
     forced = sum(len(r.forced_positions) for r, _, _ in played)
     out["multi_tokens"] = sum(len(r.token_ids) for r, _, _ in played) - forced
     out["episodes"] = len(played)
-    assert all(turns == args.turns for _, _, turns in played), "an episode ended early"
+    want = [k for _ in prompts for _, _, k in shape]
+    assert [turns for _, _, turns in played] == want, "an episode ended early"
     t = time.perf_counter()
-    groups = await asyncio.gather(
-        *(backend.generate(m.Prompt(f"{tag}s{i}", ids, args.samples, whole))
-          for i, ids in enumerate(prompts))
-    )  # fmt: skip
+    whole = sampling(args.turns * args.turn_tokens)
+    if args.turn_tokens_mix <= 1:  # one request of G samples per prompt
+        requests = [m.Prompt(f"{tag}s{i}", ids, args.samples, whole)
+                    for i, ids in enumerate(prompts)]  # fmt: skip
+    else:  # one request per sample: each has its own length
+        requests = [m.Prompt(f"{tag}s{i}/{s}", ids, 1, sampling(k * n))
+                    for i, ids in enumerate(prompts)
+                    for s, (n, _, k) in enumerate(shape)]  # fmt: skip
+    groups = await asyncio.gather(*(backend.generate(r) for r in requests))
     out["single_s"] = time.perf_counter() - t
     out["single_tokens"] = sum(len(c.token_ids) for g in groups for c in g)
     out["singles"] = sum(len(g) for g in groups)
@@ -128,8 +152,8 @@ def run_engine(engine: str, path: Path, args) -> dict[str, float]:
         for i in range(args.prompts)
     ]  # fmt: skip
     prompts = [np.asarray(tok.encode(t, add_special_tokens=False), np.int32) for t in texts]
-    per_turn = args.turn_tokens + args.observation_tokens + 16
-    max_len = int(np.ceil((max(map(len, prompts)) + args.turns * per_turn) / 16) * 16)
+    longest = max(k * (n + o + 16) for n, o, k in shapes(args))
+    max_len = int(np.ceil((max(map(len, prompts)) + longest) / 16) * 16)
 
     def encode(text: str) -> list[int]:
         return list(tok.encode(text, add_special_tokens=False))
@@ -156,7 +180,7 @@ def run_engine(engine: str, path: Path, args) -> dict[str, float]:
               f"{got['reused_tokens']:.0f} history tokens not prefilled again")  # fmt: skip
     multi_tps = got["multi_tokens"] / got["multi_s"]
     single_tps = got["single_tokens"] / got["single_s"]
-    print(f"{engine} multi: {got['episodes']:.0f} episodes of {args.turns} turns, "
+    print(f"{engine} multi: {got['episodes']:.0f} episodes (shapes {shapes(args)}), "
           f"{got['multi_tokens']:.0f} model tokens in {got['multi_s']:.2f} s = "
           f"{multi_tps:.1f} tokens/s")  # fmt: skip
     print(f"{engine} single: {got['singles']:.0f} completions, {got['single_tokens']:.0f} tokens "
@@ -179,6 +203,7 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--turn-tokens", type=int, default=32)
     ap.add_argument("--observation-tokens", type=int, default=16)
+    ap.add_argument("--turn-tokens-mix", type=float, default=1.0)
     ap.add_argument("--slots", type=int, default=64)
     ap.add_argument("--vllm-dtype", default="bfloat16", choices=("bfloat16", "float32"))
     args = ap.parse_args()
@@ -186,6 +211,7 @@ def main() -> None:
         path = model_path(args.model, Path(tmp))
         result: dict[str, Any] = {"model": args.model, "turns": args.turns,
                                   "turn_tokens": args.turn_tokens,
+                                  "turn_tokens_mix": args.turn_tokens_mix,
                                   "episodes": args.prompts * args.samples,
                                   "vllm_dtype": args.vllm_dtype}  # fmt: skip
         for engine in args.engines.split(","):

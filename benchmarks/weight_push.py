@@ -72,7 +72,7 @@ class SinkBackend(RolloutBackend):
     async def start(self) -> None:
         return None
 
-    async def generate(self, prompt):
+    async def generate(self, prompt, stop_strings=()):
         raise NotImplementedError("the sink only receives weights")
 
     async def connect_transport(

@@ -50,15 +50,20 @@ class EpisodeLimits:
             the environment says.
         max_tokens: model plus observation tokens at most (>= 1), the first prompt excluded.
         max_observation_chars: an observation longer than this is cut to it (>= 1).
+        step_timeout_s: seconds one `Environment.step` may take (> 0); past it the episode
+            ends aborted (its thread is left to finish on its own: Python cannot stop one).
     """
 
     max_turns: int = 4
     max_tokens: int = 1024
     max_observation_chars: int = 1024
+    step_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if min(self.max_turns, self.max_tokens, self.max_observation_chars) < 1:
             raise ValueError(f"every episode limit must be >= 1, got {self}")
+        if not self.step_timeout_s > 0:
+            raise ValueError(f"step_timeout_s must be > 0, got {self.step_timeout_s}")
 
 
 class Environment(abc.ABC):

@@ -130,9 +130,17 @@ class RolloutBackend(ABC):
         """Load the model and get ready to serve (weight version = the initial one)."""
 
     @abstractmethod
-    async def generate(self, prompt: m.Prompt) -> tuple[m.Completion, ...]:
+    async def generate(
+        self, prompt: m.Prompt, stop_strings: Sequence[str] = ()
+    ) -> tuple[m.Completion, ...]:
         """Sample `prompt.group_size` completions of one prompt under `prompt.sampling`, in
         sample order (see `completion`); many calls may run at once.
+
+        Args:
+            stop_strings: text that ends a completion (an environment's tool-call closing
+                tag, `envs.base.Environment.stop_strings`), kept in it, finish reason "stop".
+                A backend that cannot end on text inside its engine (the JAX engine) samples
+                on; its caller cuts the record (`rollout_engine.episode.cut_at_stop`).
 
         Raises:
             ValueError: an empty prompt, a prompt plus `max_new_tokens` over the context, or

@@ -23,24 +23,39 @@ Bounds (`envs.base.EpisodeLimits`): at most `max_turns` model turns and `max_tok
 the prompt (model and environment together; each turn's `max_new_tokens` is cut to what is
 left), observations cut to `max_observation_chars` characters. An episode whose next
 observation would not fit ends there with finish reason "length".
+
+Episodes never wait for each other: each plays its own turns (its next turn is sent as soon as
+its observation is ready), so a group's episodes may end at different turns. A turn ends at the
+environment's stop strings inside the engine where the backend can (`RolloutBackend.generate`'s
+`stop_strings`: vLLM); `cut_at_stop` makes the same cut otherwise. Faults stay in their
+episode: an environment whose `step` raises or takes over `step_timeout_s` seconds ends that
+episode with finish reason "abort" (logged with the error; the trainer drops such a group),
+the other episodes play on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
+import logging
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from envs.base import Environment, EpisodeLimits
+from envs.base import Environment, EpisodeLimits, StepResult
 from envs.registry import make_env
 from gateway import messages as m
 
-Generate = Callable[[m.Prompt], Awaitable[tuple[m.Completion, ...]]]
-"""A backend's `generate`: G completions of one prompt."""
+log = logging.getLogger(__name__)
+
+Generate = Callable[..., Awaitable[tuple[m.Completion, ...]]]
+"""A backend's `generate(prompt, stop_strings=...)`: G completions of one prompt
+(`rollout_engine.backend.RolloutBackend.generate`; `stop_strings` is passed only when the
+environment has some)."""
 Encode = Callable[[str], Sequence[int]]
 """Text -> token ids, no special tokens added (an observation)."""
 Decode = Callable[[Sequence[int]], str]
@@ -128,7 +143,9 @@ async def run_episode(
     here again starts the environment's state) with `prompt.sampling` for every turn.
 
     An engine that refuses a later turn (its history outgrew the engine's context) ends the
-    episode after the last model turn, finish reason "length".
+    episode after the last model turn, finish reason "length". An environment whose `step`
+    raises or takes over `limits.step_timeout_s` seconds ends it after that model turn, finish
+    reason "abort" (logged as ``episode <sample id>: the environment failed at turn N: ...``).
 
     Returns:
         (the episode's record, the environment's last reward or None, model turns played).
@@ -160,8 +177,9 @@ async def run_episode(
             prompt, sample_id=f"{prompt.sample_id}/t{turn}", token_ids=history, group_size=1,
             sampling=sampling, episode=None, continues=turn > 0,
         )  # fmt: skip
+        stops = {"stop_strings": tuple(env.stop_strings)} if env.stop_strings else {}
         try:
-            (c,) = await generate(sub)
+            (c,) = await generate(sub, **stops)
         except ValueError:
             if turn == 0:  # the prompt itself does not fit the engine: refused as a whole
                 raise
@@ -183,7 +201,15 @@ async def run_episode(
         finish = c.finish_reason
         if finish == "abort":
             break
-        result = env.step(decode(c.token_ids.tolist()))
+        try:
+            result = await step_with_timeout(env, decode(c.token_ids.tolist()), limits)
+        except Exception as e:  # the environment's fault ends its own episode only
+            log.warning(
+                "episode %s: the environment failed at turn %d: %s: %s",
+                prompt.sample_id, turn + 1, type(e).__name__, e,
+            )  # fmt: skip
+            finish = "abort"
+            break
         reward = result.reward if result.reward is not None else reward
         if result.done or result.observation is None or turn == limits.max_turns - 1:
             break
@@ -212,12 +238,49 @@ async def run_episode(
     return record, reward, turns
 
 
+async def step_with_timeout(env: Environment, turn: str, limits: EpisodeLimits) -> StepResult:
+    """`env.step(turn)` in a thread of its own (a daemon: a hung environment neither blocks
+    the event loop nor the process's exit), awaited at most `limits.step_timeout_s` seconds.
+
+    Raises:
+        TimeoutError: no answer in time (the thread is left to finish on its own).
+        Exception: whatever `env.step` raised.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[StepResult] = loop.create_future()
+
+    def settle(result: StepResult | None, error: BaseException | None) -> None:
+        if done.done():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            assert result is not None
+            done.set_result(result)
+
+    def run() -> None:
+        outcome: tuple[StepResult | None, BaseException | None]
+        try:
+            outcome = (env.step(turn), None)
+        except BaseException as e:
+            outcome = (None, e)
+        with contextlib.suppress(RuntimeError):  # the loop closed while the step hung
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=run, name="env-step", daemon=True).start()
+    try:
+        return await asyncio.wait_for(done, limits.step_timeout_s)
+    except TimeoutError:
+        raise TimeoutError(f"no answer in {limits.step_timeout_s} s") from None
+
+
 def cut_at_stop(turn: m.Completion, decode: Decode, stops: Sequence[str]) -> m.Completion:
     """`turn` ended after its shortest prefix whose text holds one of `stops` (finish "stop"),
     or `turn` itself when none occurs: the record a sampler with these stop strings would have
     made (each kept token's log-prob depends only on the tokens before it), the tokens past the
-    stop dropped. Engines sample on to their own stop; this cut keeps the tool call's closing
-    tag the turn's end, so the model never writes past it (e.g. a result of its own).
+    stop dropped. A backend that ends turns at stop strings itself (vLLM) returns turns this
+    leaves as they are; one that samples on (the JAX engine) is cut here, so the tool call's
+    closing tag is the turn's end and the model never writes past it (e.g. a result of its own).
 
     Args:
         turn: one model turn's completion, token ids [L].

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import itertools
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -134,8 +135,12 @@ class JaxBackend(RolloutBackend):
                 f"stop ids {sorted(extra)} are not engine stop ids; set them in config"
             )
 
-    async def generate(self, prompt: m.Prompt) -> tuple[m.Completion, ...]:
-        """See `RolloutBackend.generate`. ``max_new_tokens`` counts every completion token."""
+    async def generate(
+        self, prompt: m.Prompt, stop_strings: Sequence[str] = ()
+    ) -> tuple[m.Completion, ...]:
+        """See `RolloutBackend.generate`. ``max_new_tokens`` counts every completion token.
+        `stop_strings` do not end a sample here (the compiled decode loop stops on token ids
+        only): the episode runner cuts each turn at them (`episode.cut_at_stop`)."""
         if self.engine is None:
             raise RuntimeError("the backend is not started")
         if self._version is None:

@@ -7,11 +7,12 @@ Legend: P rows (padded to a power of two), T new-token bucket (a power of two), 
 A multi-turn episode's next turn is its previous turn's prompt and completion plus the
 environment's tokens. The slot that sampled the previous turn still holds the KV of all but its
 last token (the last emitted token is fed at the next step, so it is not cached yet); this
-prefill copies that slot's whole cache row, writes the new tokens' keys and values at their
-absolute positions (attending to the cached prefix, as a decode step does), and returns the
-rows as a `PrefillBatch` of length S: the usual slot substitution then samples each row's first
-token from the last new token's logits and writes the row back. No earlier position is
-recomputed. Padding tokens carry position S, so their writes are dropped.
+prefill reads that slot's cache row, computes the new tokens' keys and values at their
+absolute positions (attending to the cached prefix, as a decode step does), and returns only
+that window of T new positions as a `PrefillBatch` with `positions`: the usual slot
+substitution then samples each row's first token from the last new token's logits and writes
+the window (not the whole row) back into the slot. No earlier position is recomputed or
+rewritten. Padding tokens carry position S, so their writes are dropped.
 """
 
 from __future__ import annotations
@@ -50,7 +51,13 @@ def _extend(
     with jax.named_scope("extend"):
         hidden, cache = model.hidden(tokens, positions, rows)  # [P, T, D], rows [P, S]
     last = hidden[jnp.arange(p), lengths - 1]  # [P, D]
-    return PrefillBatch(cache=cache, last_logits=model.logits(last), lengths=start + lengths)
+    at = jnp.minimum(positions, s - 1)[:, :, None, None]  # [P, T, 1, 1] window of new tokens
+
+    def window(x: jax.Array) -> jax.Array:
+        return jnp.take_along_axis(x, at, axis=1)  # [P, S, K, H] -> [P, T, K, H]
+
+    new = KVCache(k=tuple(map(window, cache.k)), v=tuple(map(window, cache.v)))
+    return PrefillBatch(new, model.logits(last), start + lengths, positions)
 
 
 class Extender:
@@ -85,9 +92,10 @@ class Extender:
         new_tokens: Sequence[Sequence[int]],
         starts: Sequence[int],
     ) -> PrefillBatch:
-        """Row i: slot ``slots[i]``'s cache row with ``new_tokens[i]`` written at positions
-        ``starts[i]`` onward; ``lengths`` of the result = ``starts[i] + len(new_tokens[i])``
-        (the position of the first token to sample).
+        """Row i: the keys and values of ``new_tokens[i]`` at positions ``starts[i]`` onward
+        of slot ``slots[i]`` (cache ``[P, T]``, `PrefillBatch.positions` ``[P, T]``);
+        ``lengths`` of the result = ``starts[i] + len(new_tokens[i])`` (the position of the
+        first token to sample).
 
         Raises:
             ValueError: no rows or more than ``batch``, an empty continuation, or one that

@@ -31,11 +31,13 @@ from rollout_engine.jax.stops import RUNNING, StopConfig, decide
 @dataclasses.dataclass
 class SlotUpdate:
     """The n rows to write: ``k``/``v`` per layer ``[n, T, K, H]``, then one value per field of
-    :class:`SlotState` (``[n]`` or ``[n, C]`` / ``[n, M]`` / ``[n, 2]``)."""
+    :class:`SlotState` (``[n]`` or ``[n, C]`` / ``[n, M]`` / ``[n, 2]``); ``positions``
+    ``[n, T]`` int32 the slot positions of the T cache entries (None: ``[0, T)``)."""
 
     k: tuple[jax.Array, ...]
     v: tuple[jax.Array, ...]
     rows: SlotState  # with an empty cache (k = v = ())
+    positions: jax.Array | None = None
 
 
 def first_tokens(
@@ -101,15 +103,20 @@ def first_tokens(
         top_p=row_sampling.top_p,
     )
     return SlotUpdate(
-        k=tuple(k[rows] for k in pre.cache.k), v=tuple(v[rows] for v in pre.cache.v), rows=new
+        k=tuple(k[rows] for k in pre.cache.k),
+        v=tuple(v[rows] for v in pre.cache.v),
+        rows=new,
+        positions=None if pre.positions is None else pre.positions[rows],
     )
 
 
 def scatter_rows(state: SlotState, upd: SlotUpdate, slots: jax.Array) -> SlotState:
     """Write ``upd`` into ``state`` at ``slots [n]``; out-of-range slots are dropped.
 
-    The prompt's T cache positions overwrite positions ``[0, T)`` of the slot; positions beyond
-    the prompt hold garbage that decode overwrites before it is attended.
+    The prompt's T cache positions overwrite positions ``[0, T)`` of the slot (or, with
+    ``upd.positions``, the window of an extension: only those positions, the slot's earlier
+    cache kept); positions beyond the prompt hold garbage that decode overwrites before it is
+    attended.
     """
     t = upd.k[0].shape[1] if upd.k else 0
     if t > state.max_len:
@@ -119,6 +126,8 @@ def scatter_rows(state: SlotState, upd: SlotUpdate, slots: jax.Array) -> SlotSta
         return dst.at[slots].set(src.astype(dst.dtype), mode="drop")
 
     def put_kv(dst: jax.Array, src: jax.Array) -> jax.Array:
+        if upd.positions is not None:  # [n, T] window; padding positions (S) are dropped
+            return dst.at[slots[:, None], upd.positions].set(src.astype(dst.dtype), mode="drop")
         return dst.at[slots, :t].set(src.astype(dst.dtype), mode="drop")
 
     cache = type(state.cache)(

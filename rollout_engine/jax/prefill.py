@@ -39,11 +39,15 @@ class PrefillBatch:
         cache: per layer ``[P, T, K, H]``; positions ``>= lengths[p]`` of row p hold garbage.
         last_logits: ``[P, V]`` float32, the logits after the last real token of each prompt.
         lengths: ``[P]`` int32, the prompt lengths (1 for padding rows).
+        positions: ``[P, T]`` int32, the slot cache position of each of the T cache entries
+            (an extension's window of new tokens, `extend.Extender`; the slot's capacity S
+            for padding, which the insertion drops), or None: positions ``[0, T)``.
     """
 
     cache: KVCache
     last_logits: jax.Array
     lengths: jax.Array
+    positions: jax.Array | None = None
 
 
 def _prefill(

@@ -138,10 +138,16 @@ class VllmBackend(RolloutBackend):
         info = {"transport": transport, "rank_offset": rank_offset, "world_size": ws}
         await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info))
 
-    async def generate(self, prompt: m.Prompt) -> tuple[m.Completion, ...]:
+    async def generate(
+        self, prompt: m.Prompt, stop_strings: Sequence[str] = ()
+    ) -> tuple[m.Completion, ...]:
         """See `RolloutBackend.generate`. At temperature 0 with G > 1 the engine decodes
         once and returns that greedy sample G times (vLLM refuses n > 1 for greedy
-        sampling; greedy decoding of one prompt at one weight version is deterministic)."""
+        sampling; greedy decoding of one prompt at one weight version is deterministic).
+
+        `stop_strings` end a sample inside the engine (vLLM's `stop`, the string kept in the
+        output: the token that completes it is the last one sampled); vLLM then detokenizes
+        the request's tokens to find them (special tokens skipped, as the episode decodes)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -169,7 +175,9 @@ class VllmBackend(RolloutBackend):
             stop_token_ids=list(s.stop_token_ids),
             ignore_eos=s.ignore_eos,
             logprobs=0,
-            detokenize=False,
+            stop=list(stop_strings) or None,
+            include_stop_str_in_output=True,
+            detokenize=bool(stop_strings),
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
         final = None

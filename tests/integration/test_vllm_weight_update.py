@@ -18,7 +18,7 @@ from envs.registry import make_env
 from gateway import convert as cv
 from gateway import messages as m
 from models.checkpoints.tiny import make_tiny_checkpoint
-from rollout_engine.episode import chat_glue
+from rollout_engine.episode import chat_glue, cut_at_stop
 from transport.manifest import Manifest, ManifestError
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -80,6 +80,29 @@ def test_serves_model_a_at_version_0(world):
         assert tokens == H.hf_greedy(world["hf"]["A"], prompt, 12)
         assert sample.version_spans == ((0, 0, 12),)
         assert sample.finish_reason == "length"
+
+
+def test_a_turn_ends_at_its_stop_string_inside_the_engine(world):
+    """vLLM ends a sample at a stop string, kept in the output: exactly the greedy tokens up
+    to the one that completes it (the cut `cut_at_stop` makes), finish "stop", and the
+    episode's cut leaves that turn as it is."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(world["A"])
+
+    def decode(ids):
+        return tok.decode(list(ids), skip_special_tokens=True)
+
+    tokens, _ = greedy(world, PROMPTS[0], n=16)
+    stop = decode(tokens[:9])[-3:]
+    k = next(k for k in range(1, 17) if stop in decode(tokens[:k]))
+    assert 1 <= k < 16, (stop, k)
+    p = _prompt("stop", PROMPTS[0], 1, max_new_tokens=16, temperature=0.0, ignore_eos=True)
+    (turn,) = run(world, world["backend"].generate(p, stop_strings=(stop,)))
+    assert turn.token_ids.tolist() == tokens[:k]
+    assert turn.finish_reason == "stop" and stop in decode(turn.token_ids)
+    assert cut_at_stop(turn, decode, (stop,)) is turn
+    turn.validate()
 
 
 def _episode(world, sampling: m.SamplingParams):

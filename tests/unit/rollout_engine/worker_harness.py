@@ -78,7 +78,7 @@ class FakeBackend(RolloutBackend):
     async def start(self) -> None:
         return None
 
-    async def generate(self, prompt: m.Prompt) -> tuple[m.Completion, ...]:
+    async def generate(self, prompt: m.Prompt, stop_strings=()) -> tuple[m.Completion, ...]:
         prompt_id, prompt_token_ids = prompt.sample_id, [int(t) for t in prompt.token_ids]
         self.calls.append((prompt_id, self._version))
         if prompt_id.startswith("bad"):
