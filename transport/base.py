@@ -322,8 +322,8 @@ def one_thread() -> Iterator[None]:
     region whose threads wait for each other, and on a host whose cores are shared (other
     processes: the engine, the gloo sender's own thread) a descheduled thread holds every
     region up: SmolLM2's tensors packed at 0.2 GB/s on 2 threads against 10.6 GB/s on one,
-    in the same run on a shared 2-core host (`benchmarks/weight_sync.py`'s `pack_s`). One
-    memory-bound copy per tensor gains little from a second thread anyway.
+    in the same run on a host whose cores were shared (`benchmarks/weight_sync.py`'s
+    `pack_s`). One memory-bound copy per tensor gains little from a second thread anyway.
     """
     import torch
 

@@ -126,12 +126,13 @@ def test_two_processes_take_the_step_of_one(checkpoint: Path, tmp_path: Path):
     one, two = np.load(tmp_path / "ref.npz"), np.load(tmp_path / "two.npz")
     assert int(one["process_count"]) == 1 and int(two["process_count"]) == 2
     assert int(one["global_devices"]) == int(two["global_devices"]) == 4
-    # FSDP over 4 devices across both processes: the [320, 64] embedding is split in 4
-    # row blocks, and process 0 holds 2 of them.
+    # FSDP over 4 devices across both processes: the [320, 64] embedding (logical axes vocab,
+    # embed; `models.axes`: embed over fsdp) is split in 4 column blocks of its width, and
+    # process 0 holds 2 of them.
     assert two["embed_global_shape"].tolist() == [320, 64]
-    assert two["embed_local_shapes"].tolist() == [[80, 64], [80, 64]]
+    assert two["embed_local_shapes"].tolist() == [[320, 16], [320, 16]]
     for p in group:
-        assert re.search(r"embed shards held here \[\(80, 64\), \(80, 64\)\]", p.stdout())
+        assert re.search(r"embed shards held here \[\(320, 16\), \(320, 16\)\]", p.stdout())
 
     from models.checkpoints.hf_io import load_hf_checkpoint
     from models.params import flat_params

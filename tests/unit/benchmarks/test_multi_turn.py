@@ -30,7 +30,7 @@ def test_multi_turn_benchmark_runs_on_the_jax_engine():
     for key in ("episodes_per_min", "single_per_min", "multi_model_tokens_per_s",
                 "single_tokens_per_s", "multi_over_single"):  # fmt: skip
         assert result[f"jax_{key}"] > 0, key
-    assert "jax multi: 4 episodes of 3 turns, 48 model tokens" in done.stdout
+    assert "jax multi: 4 episodes (shapes [(4, 3, 3), (4, 3, 3)]), 48 model tokens" in done.stdout
     assert "jax single: 4 completions, 48 tokens" in done.stdout
     # 2 later turns of 4 episodes in each of the warm-up and the timed pass
     assert "jax: 16 turns continued in their slot" in done.stdout
