@@ -102,15 +102,8 @@ def test_sharded_manifest_packs_host_views_and_split_params_alike(path):
     q = dict(publisher._sharded_tensors(host))[Q]
     assert q.dtype == np.float32 and not q.flags.c_contiguous
     assert isinstance(dict(publisher._sharded_tensors(split))[Q], jax.Array)
-    reference = load_file(str(path / "model.safetensors"))
     manifest = publisher.manifest(1, tp_size=2)
-    expected = _packed_tp2(
-        publisher,
-        (
-            (t.name, np.asarray(jnp.asarray(reference[t.name].numpy()).astype(jnp.bfloat16)))
-            for t in manifest.tensors
-        ),
-    )
+    expected = _expected_tp2(publisher, path, manifest)
     got_host = _packed_tp2(publisher, publisher._sharded_tensors(host))
     got_split = _packed_tp2(publisher, publisher._sharded_tensors(split))
     assert len(expected) == len(manifest.buckets()) > 1
@@ -118,6 +111,19 @@ def test_sharded_manifest_packs_host_views_and_split_params_alike(path):
     assert got_split == expected
     assert manifest.tensors[3].name == Q  # rank 1 got only rows 64..128 of q_proj
     assert manifest.region(3, 1) == (slice(64, 128), slice(0, 64))
+
+
+def _expected_tp2(publisher, path, manifest) -> list:
+    """The TP-2 packing of `manifest`'s tensors as the checkpoint holds them, rounded to bf16
+    by JAX."""
+    reference = load_file(str(path / "model.safetensors"))
+    return _packed_tp2(
+        publisher,
+        (
+            (t.name, np.asarray(jnp.asarray(reference[t.name].numpy()).astype(jnp.bfloat16)))
+            for t in manifest.tensors
+        ),
+    )
 
 
 def test_params_of_a_tp2_trainer_pack_like_the_checkpoint(path):
@@ -131,13 +137,6 @@ def test_params_of_a_tp2_trainer_pack_like_the_checkpoint(path):
     assert tuple(params["layers.0.attn.o.kernel"].sharding.spec) == ("tp", None, "fsdp")
     publisher = _publisher(cfg)
     assert _packed(publisher, params) == _expected(publisher, path)
-    reference = load_file(str(path / "model.safetensors"))
     manifest = publisher.manifest(1, tp_size=2)
-    expected = _packed_tp2(
-        publisher,
-        (
-            (t.name, np.asarray(jnp.asarray(reference[t.name].numpy()).astype(jnp.bfloat16)))
-            for t in manifest.tensors
-        ),
-    )
+    expected = _expected_tp2(publisher, path, manifest)
     assert _packed_tp2(publisher, publisher._sharded_tensors(params)) == expected
