@@ -51,8 +51,9 @@ def test_ratio_is_one_at_fixed_weights(tmp_path, backend, sampling):
     ratios = [r["train/ratio_mean"] for r in rows]
     worst = max(abs(x - 1.0) for x in ratios)
     assert worst < RATIO_TOL, ratios
-    # the gap as a divergence: KL(sampler || trainer) per token, ~ (log-prob gap)^2 / 2
-    assert all(0 <= r["train/sampler_kl"] < 1e-6 for r in rows), [
+    # the gap as a divergence: KL(sampler || trainer) per token, ~ (log-prob gap)^2 / 2; the k3
+    # estimate r - 1 - log r is >= 0 exactly, but in fp32 near r = 1 it rounds to +-1e-9
+    assert all(abs(r["train/sampler_kl"]) < 1e-6 for r in rows), [
         r["train/sampler_kl"] for r in rows
     ]
     # every token, not only the mean; and the lag-0 groups (pure engine-trainer mismatch)
@@ -60,7 +61,7 @@ def test_ratio_is_one_at_fixed_weights(tmp_path, backend, sampling):
     hi = max(r["train/gap/all/ratio_max"] for r in rows)
     assert 1 - TOKEN_TOL < lo <= hi < 1 + TOKEN_TOL, (lo, hi)
     lag0 = [r["train/gap/lag0/sampler_kl"] for r in rows if "train/gap/lag0/sampler_kl" in r]
-    assert lag0 and all(0 <= x < 1e-6 for x in lag0), lag0
+    assert lag0 and all(abs(x) < 1e-6 for x in lag0), lag0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["gap"]["gap/all/tokens"] == sum(r["train/num_tokens"] for r in rows)
     at_limit = sum(r["completions_at_length_limit"] for r in rows)
