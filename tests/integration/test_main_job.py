@@ -47,7 +47,7 @@ def test_smoke_job_end_to_end(tmp_path, backend):
     assert [r["version"] for r in metrics] == list(range(1, STEPS + 1))
     assert all(r["sync_gb_per_s"] > 0 and r["lag_max"] <= 1 for r in metrics)
     # the k3 estimate of KL(sampler || trainer) is a mean of non-negative terms
-    assert all(r["train/sampler_kl"] >= 0 for r in metrics)
+    assert all(r["train/sampler_kl"] > -1e-7 for r in metrics)
     assert [r["sync_tp_shards"] for r in metrics] == [2 if backend == "vllm" else 1] * STEPS
     assert (loop["steps"], loop["version"]) == (STEPS, STEPS)
     assert summary["backend"] == backend

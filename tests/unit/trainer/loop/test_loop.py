@@ -166,7 +166,7 @@ def test_lag_and_zero_variance_filters_with_slow_trainer(tmp_path, gateway_run, 
         assert 0 <= x["idle_fraction"] <= 1 and x["sync_time_s"] >= 0.3
         assert x["tokens_per_s"] > 0 and x["step_time_s"] > 0
         assert math.isfinite(x["train/loss"]) and x["train/grad_norm"] > 0
-        assert x["train/sampler_kl"] >= 0  # k3 estimate: a mean of non-negative terms
+        assert x["train/sampler_kl"] > -1e-7  # k3: non-negative terms, fp32 rounds near 0
         assert x["completion_len_mean"] == 4.0 and x["padding_fraction"] >= 0
     summary_file = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary_file["submitted"] == summary.submitted
