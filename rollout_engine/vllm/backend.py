@@ -27,6 +27,7 @@ benchmarks, which push N last, untimed.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 import uuid
@@ -39,8 +40,11 @@ from gateway import messages as m
 from rollout_engine.backend import RolloutBackend, UpdateStats, completion
 from rollout_engine.config import VllmOptions
 from rollout_engine.vllm.registry import ENGINE_NAME, register_transfer_engines
+from rollout_engine.vllm.shm_sweep import sweep_stale_segments
 from transport.expected import checkpoint_tensors, num_kv_heads
 from transport.manifest import Manifest, check_manifest
+
+log = logging.getLogger(__name__)
 
 #: Environment variable: the version after whose update the engine measures vLLM's own load
 #: of the checkpoint from memory (see the module docstring).
@@ -100,6 +104,9 @@ class VllmBackend(RolloutBackend):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         register_transfer_engines()
+        stale = sweep_stale_segments()  # what engines killed earlier on this host left
+        if stale:
+            log.info("removed %d shared-memory segments of dead engines from /dev/shm", len(stale))
         on_cpu = current_platform.is_cpu()
         if on_cpu:
             cpus = sorted(os.sched_getaffinity(0))
