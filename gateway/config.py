@@ -35,6 +35,7 @@ _AT_LEAST_ONE = (
     "max_name_chars",
     "max_text_chars",
     "max_task_chars",
+    "max_route_bytes",
     "max_turns",
     "max_list_items",
     "max_prompts_per_call",
@@ -73,6 +74,9 @@ class GatewayConfig:
             address; characters).
         max_task_chars: longest task of a multi-turn episode (`Episode.task_json`;
             characters, >= 1).
+        max_route_bytes: most bytes of one completion's routed experts (routing replay,
+            `Completion.routed_experts`: tokens x MoE layers x k x 1 or 2 bytes; >= 1). The
+            default holds 32k tokens of a 48-layer top-8 model with 2-byte ids.
         max_turns: most model turns an episode may ask for (>= 1).
         max_list_items: most entries of a list of names or a small list (transports,
             backends, stop token ids; >= 1).
@@ -124,6 +128,7 @@ class GatewayConfig:
     max_name_chars: int = 256
     max_text_chars: int = 4096
     max_task_chars: int = 65_536
+    max_route_bytes: int = 1 << 25
     max_turns: int = 64
     max_list_items: int = 64
     max_prompts_per_call: int = 65_536

@@ -9,6 +9,7 @@ import dataclasses
 import numpy as np
 
 from gateway import messages as m
+from gateway.routes import decode_routes, encode_routes
 from protos import gateway_pb2 as gpb
 from protos import rollout_pb2 as rpb
 
@@ -131,6 +132,14 @@ def completion_to_pb(c: m.Completion) -> rpb.Completion:
         observations=c.observations,
         env_reward=c.env_reward,
     )
+    if c.routed_experts is not None:
+        data, layers, k, width = encode_routes(c.routed_experts)
+        pb.routed_experts, pb.routed_layers, pb.routed_k, pb.routed_id_bytes = (
+            data,
+            layers,
+            k,
+            width,
+        )
     _merge_logprobs(pb, c.logprobs)
     return pb
 
@@ -150,6 +159,9 @@ def completion_from_pb(c: rpb.Completion) -> m.Completion:
         turns=c.turns,
         observations=c.observations,
         env_reward=c.env_reward if c.HasField("env_reward") else None,
+        routed_experts=decode_routes(
+            c.routed_experts, len(c.token_ids), c.routed_layers, c.routed_k, c.routed_id_bytes
+        ),
     )
 
 

@@ -123,6 +123,9 @@ class Completion:
             results, a game's feedback); their tokens are among `forced_positions`.
         env_reward: the environment's own reward of the episode (a game's checker), or None
             when it does not score one (the verifier then scores the last model turn).
+        routed_experts: int32 [L, layers, k], the experts each MoE layer chose in the sampling
+            pass of each token (routing replay: row t is the forward whose logits gave
+            logprobs[t]; `gateway.routes`), or None (a dense model, or routes not asked for).
         reward: the verifier's score, set by the trainer (None until scored; not on the wire).
         text: the decoded completion, when someone decoded it (not on the wire).
 
@@ -142,6 +145,7 @@ class Completion:
     turns: int = 0
     observations: int = 0
     env_reward: float | None = None
+    routed_experts: np.ndarray | None = None
     reward: float | None = None
     text: str | None = None
 
@@ -152,6 +156,8 @@ class Completion:
         object.__setattr__(
             self, "version_spans", tuple((int(v), int(a), int(b)) for v, a, b in self.version_spans)
         )
+        if self.routed_experts is not None:
+            object.__setattr__(self, "routed_experts", np.asarray(self.routed_experts, np.int32))
 
     def validate(self) -> None:
         """Check the record the trainer trains on.
@@ -159,9 +165,9 @@ class Completion:
         Raises:
             ValueError: token ids and log-probs of different lengths, versions negative or out
                 of order, an empty finish reason, a forced position outside the completion,
-                episode counts out of range (observations < turns), a non-finite env reward, or
+                episode counts out of range (observations < turns), a non-finite env reward,
                 a version span outside [version_start, version_end] x [0, L] (the gateway's
-                check, `gateway.validate`).
+                check, `gateway.validate`), or routed experts not [L, layers, k] or negative.
         """
         n = len(self.token_ids)
         if n != len(self.logprobs):
@@ -187,6 +193,11 @@ class Completion:
             )
         if self.env_reward is not None and not np.isfinite(self.env_reward):
             raise ValueError(f"env_reward must be finite; got {self.env_reward}")
+        r = self.routed_experts
+        if r is not None and (r.ndim != 3 or len(r) != n or (r.size and r.min() < 0)):
+            raise ValueError(
+                f"routed_experts must be [{n}, layers, k] expert ids >= 0; got shape {r.shape}"
+            )
         v0, v1 = self.version_start, self.version_end
         for v, a, b in self.version_spans:
             if not (v0 <= v <= v1 and 0 <= a <= b <= n):

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from gateway.errors import invalid, shown
+from gateway.routes import check_routes
 from protos import rollout_pb2 as rpb
 
 _LOGPROB_SLACK = 1e-4  # a log-probability may exceed 0 by float rounding only
@@ -103,7 +104,8 @@ def check_min_version(prompts: Iterable[rpb.Prompt], current_version: int, ahead
 def check_completion(
     where: str, completion: rpb.Completion, max_new_tokens: int, current_version: int
 ) -> None:
-    """Check one returned completion: tokens [L], log-probs [L], finish reason, versions."""
+    """Check one returned completion: tokens [L], log-probs [L], finish reason, versions, and
+    routed experts of L tokens when it has any (`gateway.routes.check_routes`)."""
     n = len(completion.token_ids)
     if len(completion.logprobs) != n:
         raise invalid(
@@ -144,6 +146,8 @@ def check_completion(
         )
     if completion.HasField("env_reward") and not math.isfinite(completion.env_reward):
         raise invalid(f"{where}: expected a finite env_reward, got {completion.env_reward}")
+    c = completion
+    check_routes(where, c.routed_experts, n, c.routed_layers, c.routed_k, c.routed_id_bytes)
     for span in completion.version_spans:
         if not (v0 <= span.version <= v1 and 0 <= span.start_token <= span.end_token <= n):
             raise invalid(

@@ -81,7 +81,7 @@ class VersionSpan(_message.Message):
     def __init__(self, version: _Optional[int] = ..., start_token: _Optional[int] = ..., end_token: _Optional[int] = ...) -> None: ...
 
 class Completion(_message.Message):
-    __slots__ = ("token_ids", "logprobs", "finish_reason", "version_start", "version_end", "version_spans", "first_token_s", "generation_s", "forced_positions", "turns", "observations", "env_reward")
+    __slots__ = ("token_ids", "logprobs", "finish_reason", "version_start", "version_end", "version_spans", "first_token_s", "generation_s", "forced_positions", "turns", "observations", "env_reward", "routed_experts", "routed_layers", "routed_k", "routed_id_bytes")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +94,10 @@ class Completion(_message.Message):
     TURNS_FIELD_NUMBER: _ClassVar[int]
     OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
     ENV_REWARD_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_EXPERTS_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_K_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_ID_BYTES_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     finish_reason: FinishReason
@@ -106,7 +110,11 @@ class Completion(_message.Message):
     turns: int
     observations: int
     env_reward: float
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., version_start: _Optional[int] = ..., version_end: _Optional[int] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., first_token_s: _Optional[float] = ..., generation_s: _Optional[float] = ..., forced_positions: _Optional[_Iterable[int]] = ..., turns: _Optional[int] = ..., observations: _Optional[int] = ..., env_reward: _Optional[float] = ...) -> None: ...
+    routed_experts: bytes
+    routed_layers: int
+    routed_k: int
+    routed_id_bytes: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., version_start: _Optional[int] = ..., version_end: _Optional[int] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., first_token_s: _Optional[float] = ..., generation_s: _Optional[float] = ..., forced_positions: _Optional[_Iterable[int]] = ..., turns: _Optional[int] = ..., observations: _Optional[int] = ..., env_reward: _Optional[float] = ..., routed_experts: _Optional[bytes] = ..., routed_layers: _Optional[int] = ..., routed_k: _Optional[int] = ..., routed_id_bytes: _Optional[int] = ...) -> None: ...
 
 class RolloutGroup(_message.Message):
     __slots__ = ("sample_id", "completions", "engine_id", "prompt", "queue_s", "lease_s")

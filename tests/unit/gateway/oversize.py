@@ -32,6 +32,7 @@ EXPECTED = {
     "Completion.logprobs": "max_new_tokens",
     "Completion.forced_positions": "max_new_tokens",
     "Completion.version_spans": "max_new_tokens",
+    "Completion.routed_experts": "max_route_bytes",
     "MetricsRequest.values": "max_metric_keys",
     "PublishRequest.params": "max_param_entries",
     "PublishRequest.params value": "param_bytes_limit",

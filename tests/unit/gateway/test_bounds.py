@@ -17,6 +17,7 @@ SMALL = GatewayConfig(
     max_name_chars=64,
     max_text_chars=11,
     max_task_chars=100,
+    max_route_bytes=13,
     max_list_items=3,
     max_prompts_per_call=4,
     max_group_size=5,
@@ -39,7 +40,7 @@ def test_every_request_field_is_bounded_at_its_configured_limit():
     methods = {c.method for c in all_cases}
     # all 14 methods but the three whose requests hold only numbers
     assert len(methods) == 11 and not methods & {"FetchRollouts", "WaitSync", "GetStatus"}
-    assert len(all_cases) == 55  # an episode's env and task, submitted and returned
+    assert len(all_cases) == 56  # an episode's env and task, submitted and returned; routes
     for case in all_cases:
         bounds.check(case.build(case.limit))  # at the bound: accepted
         with pytest.raises(GatewayError) as err:
