@@ -15,8 +15,8 @@ import numpy as np
 
 from gateway.errors import invalid
 
-#: Most experts an id of each width can name.
-_WIDTH_DTYPE = {1: np.dtype("<u1"), 2: np.dtype("<u2")}
+#: Id width on the wire (bytes) -> its little-endian unsigned dtype.
+_WIDTH_DTYPE: dict[int, np.dtype] = {1: np.dtype("<u1"), 2: np.dtype("<u2")}
 
 
 def encode_routes(routes: np.ndarray) -> tuple[bytes, int, int, int]:
