@@ -64,6 +64,7 @@ def prompt_to_pb(p: m.Prompt) -> rpb.Prompt:
         stop_token_ids=list(s.stop_token_ids),
         reasoning_budget=s.reasoning_budget,
         ignore_eos=s.ignore_eos,
+        return_routes=s.return_routes,
     )
     if s.seed is not None:
         sampling.seed = s.seed
@@ -96,6 +97,7 @@ def prompt_from_pb(p: rpb.Prompt) -> m.Prompt:
             seed=s.seed if s.HasField("seed") else None,
             reasoning_budget=s.reasoning_budget,
             ignore_eos=s.ignore_eos,
+            return_routes=s.return_routes,
         ),
         is_eval=p.is_eval,
         min_version=p.min_version,

@@ -39,6 +39,8 @@ class SamplingParams:
         reasoning_budget: > 0: thinking tokens before the engine forces end-of-think (the JAX
             engine sets it per engine; a prompt asking for one is refused by the backends).
         ignore_eos: keep sampling past EOS until max_new_tokens (benchmarks and tests).
+        return_routes: a mixture-of-experts engine records each completion's routed experts
+            (`Completion.routed_experts`, routing replay); a dense model's returns none.
     """
 
     temperature: float = 1.0
@@ -49,6 +51,7 @@ class SamplingParams:
     seed: int | None = None
     reasoning_budget: int = 0
     ignore_eos: bool = False
+    return_routes: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

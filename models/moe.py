@@ -36,7 +36,8 @@ class Routing(nnx.Variable):
 
 class Replay(nnx.Variable):
     """Per-layer expert ids [B, T, k] int32 a MoE layer routes to instead of its own top-k
-    (routing replay, `models.routing.forward_with_replay`)."""
+    (routing replay, `models.routing.forward_with_replay`); a token whose ids hold a -1 has
+    no route and takes the router's own top-k."""
 
 
 class Experts(nnx.Module):
@@ -91,7 +92,9 @@ class MoE(nnx.Module):
     With `record` set (by `models.routing.forward_with_routing`), each call stores its router
     logits [B, T, E] float32 and chosen expert ids [B, T, k] int32 as `Routing` variables.
     With a `replay_ids` `Replay` variable (set by `models.routing.forward_with_replay`), the
-    tokens go to those experts instead of the router's top-k, weighted by `replay_route`.
+    tokens go to those experts instead of the router's top-k, weighted by `replay_route`;
+    tokens whose replay ids hold a -1 (no route) keep the router's own top-k. The recorded
+    `expert_ids` are the ones used; the recorded router logits are the router's own either way.
     """
 
     replay_ids: Replay  # present only inside `models.routing.forward_with_replay`
@@ -112,8 +115,9 @@ class MoE(nnx.Module):
             logits = jnp.einsum("btd,de->bte", x, self.router.kernel[...].astype(dt))
             weights, ids = route(logits, cfg.num_experts_per_tok, cfg.norm_topk_prob)
             replay = getattr(self, "replay_ids", None)
-            if replay is not None:
-                ids = replay[...]
+            if replay is not None:  # a token with a route (ids >= 0) takes it; -1: its own
+                given = replay[...]
+                ids = jnp.where(jnp.all(given >= 0, axis=-1, keepdims=True), given, ids)
                 weights = replay_route(logits, ids, cfg.norm_topk_prob)
         if self.record:
             self.router_logits = Routing(logits.astype(jnp.float32))

@@ -6,7 +6,9 @@ logits: the expert ids [B, T, L, k] are what routing replay needs (the engine's 
 to the trainer's forward), the router logits feed `load_balancing_loss`.
 `forward_with_replay` runs the model with given expert ids (routing replay: the trainer
 routes each token as the engine did, so a near-tie in the router cannot send the trainer's
-token to other experts than the engine's).
+token to other experts than the engine's). `hidden_with_routing` does both at once on the
+hidden states (the train step's forward: replay where the engine sent routes, and the
+router's own choices recorded for the routing agreement).
 """
 
 from __future__ import annotations
@@ -36,6 +38,81 @@ class RouterRecord:
     expert_ids: jax.Array
 
 
+def _moe_layers(model: Decoder, what: str) -> list[MoE]:
+    moes = [block.mlp for block in model.layers if isinstance(block.mlp, MoE)]
+    if not moes:
+        raise ValueError(f"{model.cfg.family} has no mixture-of-experts layer to {what}")
+    return moes
+
+
+def _check_ids(model: Decoder, tokens: jax.Array, expert_ids: jax.Array) -> None:
+    cfg = model.cfg
+    want = (*tokens.shape, cfg.num_layers, cfg.num_experts_per_tok)
+    if tuple(expert_ids.shape) != want:
+        raise ValueError(
+            f"expert_ids must have shape [B, T, L, k] = {want}, got {expert_ids.shape}"
+        )
+    if not isinstance(expert_ids, jax.core.Tracer) and expert_ids.size:
+        low, high = int(jnp.min(expert_ids)), int(jnp.max(expert_ids))
+        if low < -1 or high >= cfg.num_experts:
+            raise ValueError(
+                f"expert_ids must lie in [0, {cfg.num_experts}) or be -1 (no route), got "
+                f"[{low}, {high}]"
+            )
+
+
+def hidden_with_routing(
+    model: Decoder,
+    tokens: jax.Array,
+    positions: jax.Array,
+    expert_ids: jax.Array | None = None,
+    *,
+    cache: KVCache | None = None,
+    kv_len: int | None = None,
+    attention_block: int = 0,
+) -> tuple[jax.Array, KVCache | None, RouterRecord]:
+    """`model.hidden(tokens, positions, cache, kv_len, attention_block)` with every MoE layer
+    recording its router and, given `expert_ids`, routing each token with a route as it says
+    (routing replay; -1: no route, the router's own top-k). The layers run in place (a Python
+    loop, no remat), which recording needs.
+
+    Args:
+        model: a Decoder of a mixture-of-experts config.
+        tokens, positions: int32 [B, T].
+        expert_ids: int32 [B, T, L, k] or None (every token routed by its own router).
+
+    Returns:
+        (hidden [B, T, D] in the compute dtype, the updated cache, RouterRecord: the router
+        logits are the router's own, the expert ids those the tokens went to).
+
+    Raises:
+        ValueError: a dense model, ids not of shape [B, T, L, k], or (for concrete ids) an id
+            outside [-1, E).
+    """
+    moes = _moe_layers(model, "record")
+    if expert_ids is not None:
+        _check_ids(model, tokens, expert_ids)
+        for i, moe in enumerate(moes):
+            moe.replay_ids = Replay(expert_ids[:, :, i].astype(jnp.int32))
+    for moe in moes:
+        moe.record = True
+    try:
+        hidden, cache = model.hidden(tokens, positions, cache, kv_len, attention_block)
+    finally:
+        for moe in moes:
+            moe.record = False
+        if expert_ids is not None:
+            nnx.pop(model, Replay)
+    recorded: dict[str, dict[int, jax.Array]] = {"router_logits": {}, "expert_ids": {}}
+    for path, var in nnx.to_flat_state(nnx.pop(model, Routing)):  # ("layers", i, "mlp", name)
+        recorded[str(path[-1])][int(str(path[1]))] = var.get_value()
+    record = RouterRecord(
+        router_logits=jnp.stack([v for _, v in sorted(recorded["router_logits"].items())], 2),
+        expert_ids=jnp.stack([v for _, v in sorted(recorded["expert_ids"].items())], 2),
+    )
+    return hidden, cache, record
+
+
 def forward_with_routing(
     model: Decoder,
     tokens: jax.Array,
@@ -54,24 +131,8 @@ def forward_with_routing(
     Raises:
         ValueError: a dense model (no MoE layer), named.
     """
-    moes = [block.mlp for block in model.layers if isinstance(block.mlp, MoE)]
-    if not moes:
-        raise ValueError(f"{model.cfg.family} has no mixture-of-experts layer to record")
-    for moe in moes:
-        moe.record = True
-    try:
-        logits, cache = model(tokens, positions, cache)
-    finally:
-        for moe in moes:
-            moe.record = False
-    recorded: dict[str, dict[int, jax.Array]] = {"router_logits": {}, "expert_ids": {}}
-    for path, var in nnx.to_flat_state(nnx.pop(model, Routing)):  # ("layers", i, "mlp", name)
-        recorded[str(path[-1])][int(str(path[1]))] = var.get_value()
-    record = RouterRecord(
-        router_logits=jnp.stack([v for _, v in sorted(recorded["router_logits"].items())], 2),
-        expert_ids=jnp.stack([v for _, v in sorted(recorded["expert_ids"].items())], 2),
-    )
-    return logits, cache, record
+    hidden, cache, record = hidden_with_routing(model, tokens, positions, cache=cache)
+    return model.logits(hidden), cache, record
 
 
 def forward_with_replay(
@@ -88,28 +149,18 @@ def forward_with_replay(
         tokens, positions: int32 [B, T].
         expert_ids: int32 [B, T, L, k] (`RouterRecord.expert_ids` of the engine's pass); the
             weights are the router's own probabilities at those ids (`models.moe.replay_route`),
-            so the router still gets a gradient.
+            so the router still gets a gradient. A token whose ids hold a -1 has no route and
+            is routed by the router's own top-k.
 
     Returns:
         (logits [B, T, V] float32, the updated cache).
 
     Raises:
         ValueError: a dense model, ids not of shape [B, T, L, k], or (for concrete ids) an id
-            outside [0, E).
+            outside [-1, E).
     """
-    cfg = model.cfg
-    moes = [block.mlp for block in model.layers if isinstance(block.mlp, MoE)]
-    if not moes:
-        raise ValueError(f"{cfg.family} has no mixture-of-experts layer to replay")
-    want = (*tokens.shape, cfg.num_layers, cfg.num_experts_per_tok)
-    if tuple(expert_ids.shape) != want:
-        raise ValueError(
-            f"expert_ids must have shape [B, T, L, k] = {want}, got {expert_ids.shape}"
-        )
-    if not isinstance(expert_ids, jax.core.Tracer):
-        low, high = int(jnp.min(expert_ids)), int(jnp.max(expert_ids))
-        if low < 0 or high >= cfg.num_experts:
-            raise ValueError(f"expert_ids must lie in [0, {cfg.num_experts}), got [{low}, {high}]")
+    moes = _moe_layers(model, "replay")
+    _check_ids(model, tokens, expert_ids)
     for i, moe in enumerate(moes):
         moe.replay_ids = Replay(expert_ids[:, :, i].astype(jnp.int32))
     try:

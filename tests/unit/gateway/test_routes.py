@@ -87,3 +87,9 @@ def test_encoding_refuses_ids_no_width_holds():
         encode_routes(np.zeros((3, 2)))
     with pytest.raises(ValueError, match="routed_experts must be"):
         _completion(np.zeros((2, 2, 2), np.int32)).validate()
+
+
+def test_the_ask_for_routes_survives_the_prompts_trip():
+    for ask in (False, True):
+        p = m.Prompt("s", np.array([1, 2], np.int32), 2, m.SamplingParams(return_routes=ask))
+        assert cv.prompt_from_pb(cv.prompt_to_pb(p)).sampling.return_routes is ask

@@ -37,8 +37,12 @@ def test_bad_replay_ids_are_refused(tiny_checkpoint):
     ):
         forward_with_replay(model, tokens, positions, jnp.zeros((2, 7, L, k + 1), jnp.int32))
     too_big = jnp.full((2, 7, L, k), cfg.num_experts, jnp.int32)
-    with pytest.raises(ValueError, match=r"expert_ids must lie in \[0, 4\), got \[4, 4\]"):
+    with pytest.raises(
+        ValueError, match=r"must lie in \[0, 4\) or be -1 \(no route\), got \[4, 4\]"
+    ):
         forward_with_replay(model, tokens, positions, too_big)
+    with pytest.raises(ValueError, match=r"got \[-2, 0\]"):
+        forward_with_replay(model, tokens, positions, jnp.zeros_like(too_big).at[0, 0].set(-2))
     _, dense = load_hf_checkpoint(tiny_checkpoint("qwen3"))
     with pytest.raises(ValueError, match="qwen3 has no mixture-of-experts layer to replay"):
         forward_with_replay(dense, tokens, positions, too_big)
@@ -57,3 +61,24 @@ def test_replay_runs_under_jit(tiny_checkpoint):
 
     got = replay(model, tokens, positions, record.expert_ids)
     np.testing.assert_allclose(np.asarray(got), np.asarray(logits), atol=1e-5, rtol=0)
+
+
+def test_tokens_without_a_route_keep_their_own_router(tiny_checkpoint):
+    from models.routing import hidden_with_routing
+
+    cfg, model = load_hf_checkpoint(tiny_checkpoint("qwen3_moe"))
+    tokens, positions = _inputs(cfg)
+    logits, _, record = forward_with_routing(model, tokens, positions)
+    ids = np.full(record.expert_ids.shape, -1, np.int32)  # [2, 7, L, k]: no route anywhere
+    ids[1, 3] = (np.asarray(record.expert_ids[1, 3]) + 1) % cfg.num_experts  # one other route
+    hidden, _, got = hidden_with_routing(model, tokens, positions, jnp.asarray(ids))
+    replayed = np.asarray(model.logits(hidden))
+    np.testing.assert_allclose(replayed[0], np.asarray(logits[0]), atol=1e-6, rtol=0)
+    np.testing.assert_allclose(replayed[1, :3], np.asarray(logits[1, :3]), atol=1e-6, rtol=0)
+    assert np.abs(replayed[1, 3:] - np.asarray(logits[1, 3:])).max() > 1e-4
+    used = np.asarray(got.expert_ids)
+    np.testing.assert_array_equal(used[1, 3], ids[1, 3])
+    np.testing.assert_array_equal(used[0], np.asarray(record.expert_ids[0]))
+    np.testing.assert_allclose(  # the router's own logits are recorded, replay or not
+        np.asarray(got.router_logits[:, :3]), np.asarray(record.router_logits[:, :3]), atol=1e-6
+    )
