@@ -162,7 +162,7 @@ def completion_from_pb(c: rpb.Completion) -> m.Completion:
         observations=c.observations,
         env_reward=c.env_reward if c.HasField("env_reward") else None,
         routed_experts=decode_routes(
-            c.routed_experts, len(c.token_ids), c.routed_layers, c.routed_k, c.routed_id_bytes
+            c.routed_experts, c.routed_layers, c.routed_k, c.routed_id_bytes
         ),
     )
 

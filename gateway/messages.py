@@ -126,9 +126,11 @@ class Completion:
             results, a game's feedback); their tokens are among `forced_positions`.
         env_reward: the environment's own reward of the episode (a game's checker), or None
             when it does not score one (the verifier then scores the last model turn).
-        routed_experts: int32 [L, layers, k], the experts each MoE layer chose in the sampling
-            pass of each token (routing replay: row t is the forward whose logits gave
-            logprobs[t]; `gateway.routes`), or None (a dense model, or routes not asked for).
+        routed_experts: int32 [P + L - 1, layers, k], the experts each MoE layer chose in
+            each forward pass the engine ran over the sample (routing replay; row i: the pass
+            over token i of prompt + completion; `gateway.routes`), or None (a dense model, or
+            routes not asked for). Its length is checked against the prompt's where the prompt
+            is known (the gateway's `check_group`, `trainer.rollouts.RolloutGroup`).
         reward: the verifier's score, set by the trainer (None until scored; not on the wire).
         text: the decoded completion, when someone decoded it (not on the wire).
 
@@ -170,7 +172,7 @@ class Completion:
                 of order, an empty finish reason, a forced position outside the completion,
                 episode counts out of range (observations < turns), a non-finite env reward,
                 a version span outside [version_start, version_end] x [0, L] (the gateway's
-                check, `gateway.validate`), or routed experts not [L, layers, k] or negative.
+                check, `gateway.validate`), or routed experts not [rows, layers, k] or negative.
         """
         n = len(self.token_ids)
         if n != len(self.logprobs):
@@ -197,9 +199,9 @@ class Completion:
         if self.env_reward is not None and not np.isfinite(self.env_reward):
             raise ValueError(f"env_reward must be finite; got {self.env_reward}")
         r = self.routed_experts
-        if r is not None and (r.ndim != 3 or len(r) != n or (r.size and r.min() < 0)):
+        if r is not None and (r.ndim != 3 or (r.size and r.min() < 0)):
             raise ValueError(
-                f"routed_experts must be [{n}, layers, k] expert ids >= 0; got shape {r.shape}"
+                f"routed_experts must be [rows, layers, k] expert ids >= 0; got shape {r.shape}"
             )
         v0, v1 = self.version_start, self.version_end
         for v, a, b in self.version_spans:

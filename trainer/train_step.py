@@ -39,6 +39,7 @@ from trainer.global_batch import share_batch
 from trainer.logprobs import fused_target_logprobs
 from trainer.losses.base import PolicyLoss
 from trainer.losses.corrections import CORRECTION_METRICS
+from trainer.replay import ROUTE_SUMS, check_routing_replay, hidden_with_routes
 
 Params = dict[str, jax.Array]
 
@@ -130,6 +131,9 @@ class TrainStep:
         (`models.scan`); False: a Python loop over the layers. Same values either way.
       remat: the per-layer remat policy, a `models.scan.REMAT_POLICIES` name ("none": keep
         every activation for the backward pass).
+      routing_replay: a batch's MoE routes (`RLBatch.routes`) route the forward's tokens as
+        the engine did (`trainer.replay`); False: the trainer's own routers. A batch with
+        routes reports ``routing_agreement`` either way.
 
     Precision: the params (master weights) and the optimizer state keep the model's
     ``param_dtype``; the forward casts each weight to ``cfg.dtype`` where it is used, so
@@ -162,8 +166,10 @@ class TrainStep:
         attention_block: int = 0,
         scan_layers: bool = False,
         remat: str = "none",
+        routing_replay: bool = False,
     ):
         remat_policy(remat)  # raises on an unknown name
+        check_routing_replay(model.cfg, routing_replay, scan_layers, remat)
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0; got {temperature}")
         if micro_batches < 1:
@@ -186,6 +192,7 @@ class TrainStep:
         self.min_shard_bytes = int(min_shard_bytes)
         self.scan_layers = bool(scan_layers)
         self.remat = remat
+        self.routing_replay = bool(routing_replay)
         self._abstract = {
             k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in flat_params(model).items()
         }
@@ -260,7 +267,10 @@ class TrainStep:
         masked tokens, the engine-trainer gap; both token-weighted over micro-batches),
         ``num_tokens`` (masked tokens), with a correction its ``correction/...`` token sums
         (`trainer.losses.corrections`), and the gap statistics ``gap/{all,lag0,lag1plus}/...``
-        of `trainer.gap.gap_metrics` over the whole batch (a set with no token is left out).
+        of `trainer.gap.gap_metrics` over the whole batch (a set with no token is left out);
+        for a batch with MoE routes, ``routing_agreement`` (the share of loss-token x layer
+        pairs whose engine expert set equals the trainer's own, `trainer.replay`) and its sums
+        ``routing/agree``, ``routing/pairs``.
 
         Raises:
           ValueError: if B is not divisible by micro_batches * dp * fsdp, or the loss has a KL
@@ -295,18 +305,26 @@ class TrainStep:
         sharded = shard_batch(batch, self.mesh)
         return self._jitted.lower(self.abstract_state(), sharded, None)
 
-    def _logprobs(self, params: Params, mb: RLBatch) -> jax.Array:
-        """[M, L] float32 log-probs of the micro-batch's targets at the sampling temperature."""
+    def _logprobs(self, params: Params, mb: RLBatch) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """[M, L] float32 log-probs of the micro-batch's targets at the sampling temperature,
+        and (with routes) the routing agreement sums of `trainer.replay`."""
         model = self.template.merge(params)
         tokens, positions = jnp.asarray(mb.tokens), jnp.asarray(mb.positions)
-        hidden, _ = model.hidden(
-            tokens,
-            positions,
-            attention_block=self.attention_block,
-            scan_layers=self.scan_layers,
-            remat=self.remat,
-        )  # [M, L, D] in the compute dtype; the log-probs below are float32
-        return fused_target_logprobs(
+        routing: dict[str, jax.Array] = {}
+        if mb.routes is not None:  # MoE routes from the engine: replay and / or agreement
+            hidden, routing = hidden_with_routes(
+                model, tokens, positions, jnp.asarray(mb.routes), jnp.asarray(mb.loss_mask),
+                replay=self.routing_replay, attention_block=self.attention_block,
+            )  # fmt: skip
+        else:
+            hidden, _ = model.hidden(
+                tokens,
+                positions,
+                attention_block=self.attention_block,
+                scan_layers=self.scan_layers,
+                remat=self.remat,
+            )  # [M, L, D] in the compute dtype; the log-probs below are float32
+        logp = fused_target_logprobs(
             hidden,
             model.lm_head_weight(),
             jnp.asarray(mb.targets),
@@ -316,12 +334,13 @@ class TrainStep:
             top_k=self.top_k,
             top_p=self.top_p,
         )
+        return logp, routing
 
     def _loss(self, params: Params, mb: RLBatch, normalizer: jax.Array, ref: Params | None):
-        logp = self._logprobs(params, mb)
-        ref_logp = None if ref is None else jax.lax.stop_gradient(self._logprobs(ref, mb))
+        logp, routing = self._logprobs(params, mb)
+        ref_logp = None if ref is None else jax.lax.stop_gradient(self._logprobs(ref, mb)[0])
         out = self.loss(mb.loss_inputs(logp, ref_logprobs=ref_logp, normalizer=normalizer))
-        return out.loss, (out.metrics, jax.lax.stop_gradient(logp))
+        return out.loss, ({**out.metrics, **routing}, jax.lax.stop_gradient(logp))
 
     def _split(self, x: jax.Array) -> jax.Array:
         """[B, ...] -> [k, M, ...], micro-batch j holding rows {i * k + j}."""
@@ -355,6 +374,7 @@ class TrainStep:
 
         zeros = jax.tree.map(jnp.zeros_like, state.params)
         extra = CORRECTION_METRICS if self.loss.correction is not None else ()
+        extra += ROUTE_SUMS if batch.routes is not None else ()
         names: tuple[str, ...] = ("loss", "pg_loss", "num_tokens", "clip_fraction", "ratio_mean")
         names += ("kl", "sampler_kl", *extra)
         init = (zeros, {k: jnp.zeros((), jnp.float32) for k in names})
@@ -381,4 +401,8 @@ class TrainStep:
             **{k: totals[k] for k in extra},
             **gap,
         }
+        if batch.routes is not None:
+            metrics["routing_agreement"] = totals["routing/agree"] / jnp.maximum(
+                totals["routing/pairs"], 1.0
+            )
         return TrainState(params, opt_state, state.step + 1), metrics

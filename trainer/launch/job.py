@@ -106,8 +106,8 @@ def _preflight(job: JobConfig) -> tuple[Path, str]:
 
     Raises:
       UserError: model.path names no HF folder (or an unknown tiny variant, or SmolLM2's
-        package is missing), its model_type selects no family, or the folder does not match
-        the family's mapping.
+        package is missing), its model_type selects no family, the folder does not match
+        the family's mapping, or routes are asked for (routing replay) from a dense model.
     """
     from models.checkpoints.hf_io import read_hf_config
     from models.config import ModelConfig
@@ -115,8 +115,14 @@ def _preflight(job: JobConfig) -> tuple[Path, str]:
 
     try:
         model_path = resolve_model(job.run.model.path, job.run.trainer.seed)
-        family = ModelConfig.from_hf(read_hf_config(model_path)).family
+        model_cfg = ModelConfig.from_hf(read_hf_config(model_path))
+        family = model_cfg.family
         check_checkpoint(model_path, family)
+        if job.run.wants_routes and not model_cfg.num_experts:
+            raise ValueError(
+                f"loss.routing_replay=engine / rollout.return_routes need a mixture-of-experts "
+                f"model; model.path {str(model_path)!r} is the dense {family}; nothing was started"
+            )
     except (OSError, KeyError, ValueError) as err:  # MappingError is a ValueError
         text = err.args[0] if isinstance(err, KeyError) and err.args else err
         raise UserError(str(text)) from err

@@ -60,11 +60,14 @@ from trainer.train_step import TrainStep
 from transport.config import serves_blocks
 
 
-def _sampling(job: JobConfig, temperature: float, new_tokens: int) -> m.SamplingParams:
+def _sampling(
+    job: JobConfig, temperature: float, new_tokens: int, routes: bool = False
+) -> m.SamplingParams:
     r = job.run.rollout
     return m.SamplingParams(
-        temperature=temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=new_tokens
-    )
+        temperature=temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=new_tokens,
+        return_routes=routes,
+    )  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -207,7 +210,7 @@ def train_and_evaluate(
                 encode,
                 scoring,
                 group_size=r.group_size,
-                sampling=_sampling(job, r.temperature, r.max_new_tokens),
+                sampling=_sampling(job, r.temperature, r.max_new_tokens, cfg.wants_routes),
                 fetch_timeout_s=r.fetch_timeout_s,
                 ledger=PositionLedger(consumed),
                 attempt=attempt,

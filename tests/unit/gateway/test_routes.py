@@ -1,6 +1,6 @@
 """Routing replay on the wire: a completion's routed experts survive the protos exactly, in
-1-byte ids up to 256 experts and 2-byte ids above; a shape that does not match the tokens, a
-bad width or an oversized field is refused with a clear error."""
+1-byte ids up to 256 experts and 2-byte ids above; rows that do not match prompt + completion
+- 1, a bad width or an oversized field is refused with a clear error."""
 
 import numpy as np
 import pytest
@@ -11,7 +11,7 @@ from gateway.bounds import RequestBounds
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError
 from gateway.routes import encode_routes
-from gateway.validate import check_completion
+from gateway.validate import check_group
 from protos import gateway_pb2 as gpb
 from protos import rollout_pb2 as rpb
 
@@ -23,15 +23,24 @@ def _completion(routes: np.ndarray | None, n: int = 3) -> m.Completion:
     )  # fmt: skip
 
 
+PROMPT = rpb.Prompt(  # 2 prompt tokens: a 3-token completion has 2 + 3 - 1 = 4 route rows
+    sample_id="g", token_ids=[7, 8], group_size=1, sampling=rpb.SamplingParams(max_new_tokens=8)
+)
+
+
+def _check(pb: rpb.Completion) -> None:
+    check_group(rpb.RolloutGroup(sample_id="g", completions=[pb]), PROMPT, current_version=0)
+
+
 @pytest.mark.parametrize(("experts", "width"), [(8, 1), (256, 1), (300, 2)])
 def test_routes_round_trip_exactly_with_the_narrowest_id_width(experts, width):
     rng = np.random.default_rng(0)
-    routes = rng.integers(0, experts, size=(3, 4, 2)).astype(np.int32)
+    routes = rng.integers(0, experts, size=(4, 3, 2)).astype(np.int32)  # [P + T - 1, L, k]
     routes[0, 0] = (experts - 1, 0)
     pb = cv.completion_to_pb(_completion(routes))
-    assert (pb.routed_layers, pb.routed_k, pb.routed_id_bytes) == (4, 2, width)
-    assert len(pb.routed_experts) == 3 * 4 * 2 * width
-    check_completion("c", pb, max_new_tokens=8, current_version=0)
+    assert (pb.routed_layers, pb.routed_k, pb.routed_id_bytes) == (3, 2, width)
+    assert len(pb.routed_experts) == 4 * 3 * 2 * width
+    _check(pb)
     back = cv.completion_from_pb(rpb.Completion.FromString(pb.SerializeToString()))
     assert back.routed_experts is not None and back.routed_experts.dtype == np.int32
     np.testing.assert_array_equal(back.routed_experts, routes)
@@ -43,17 +52,17 @@ def test_a_dense_completion_carries_no_routes():
     assert cv.completion_from_pb(pb).routed_experts is None
 
 
-def test_routes_whose_shape_does_not_match_the_tokens_are_refused():
-    pb = cv.completion_to_pb(_completion(np.zeros((3, 2, 2), np.int32)))
-    pb.routed_experts = pb.routed_experts[:-1]  # 11 bytes for [3, 2, 2]
+def test_routes_whose_rows_do_not_match_the_tokens_are_refused():
+    pb = cv.completion_to_pb(_completion(np.zeros((3, 2, 2), np.int32)))  # one row short
     with pytest.raises(GatewayError) as err:
-        check_completion("group 'g' completion 0", pb, max_new_tokens=8, current_version=0)
+        _check(pb)
     assert err.value.code == "INVALID_ARGUMENT"
     assert err.value.message == (
-        "group 'g' completion 0: expected routed_experts of [3 tokens, 2 layers, 2] x 1 bytes "
-        "= 12 bytes, got 11"
+        "group 'g' completion 0: expected routed_experts of [4 tokens (prompt + completion - "
+        "1), 2 layers, 2] x 1 bytes = 16 bytes, got 12"
     )
-    with pytest.raises(GatewayError, match="expected routed_experts of"):
+    pb.routed_experts = pb.routed_experts[:-1]  # 11 bytes: not whole rows of 4
+    with pytest.raises(GatewayError, match="expected routed_experts of whole rows of"):
         cv.completion_from_pb(pb)
 
 
@@ -61,10 +70,10 @@ def test_routes_whose_shape_does_not_match_the_tokens_are_refused():
 def test_routes_with_bad_counts_or_width_are_refused(layers, k, width):
     pb = cv.completion_to_pb(_completion(None))
     pb.routed_experts, pb.routed_layers, pb.routed_k, pb.routed_id_bytes = (
-        b"\0" * 12, layers, k, width,
+        b"\0" * 16, layers, k, width,
     )  # fmt: skip
     with pytest.raises(GatewayError, match="routed_id_bytes 1 or 2 with routed experts, got"):
-        check_completion("c", pb, max_new_tokens=8, current_version=0)
+        _check(pb)
 
 
 def test_a_hostile_routes_size_is_refused_before_it_is_read():
@@ -86,7 +95,7 @@ def test_encoding_refuses_ids_no_width_holds():
     with pytest.raises(ValueError, match="routes must be"):
         encode_routes(np.zeros((3, 2)))
     with pytest.raises(ValueError, match="routed_experts must be"):
-        _completion(np.zeros((2, 2, 2), np.int32)).validate()
+        _completion(np.zeros((2, 2), np.int32)).validate()
 
 
 def test_the_ask_for_routes_survives_the_prompts_trip():
