@@ -118,12 +118,14 @@ def forward_with_routing(
     tokens: jax.Array,
     positions: jax.Array,
     cache: KVCache | None = None,
+    kv_len: int | None = None,
 ) -> tuple[jax.Array, KVCache | None, RouterRecord]:
-    """`model(tokens, positions, cache)` plus what its routers chose.
+    """`model(tokens, positions, cache, kv_len)` plus what its routers chose.
 
     Args:
         model: a Decoder of a mixture-of-experts config (`num_experts` > 0).
-        tokens, positions: int32 [B, T].
+        tokens, positions: int32 [B, T]. cache, kv_len: as `Decoder.__call__` (the JAX
+            engine's decode records its routes this way).
 
     Returns:
         (logits [B, T, V] float32, the updated cache, RouterRecord).
@@ -131,7 +133,9 @@ def forward_with_routing(
     Raises:
         ValueError: a dense model (no MoE layer), named.
     """
-    hidden, cache, record = hidden_with_routing(model, tokens, positions, cache=cache)
+    hidden, cache, record = hidden_with_routing(
+        model, tokens, positions, cache=cache, kv_len=kv_len
+    )
     return model.logits(hidden), cache, record
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import time
 from collections.abc import Sequence
@@ -149,6 +150,11 @@ class JaxBackend(RolloutBackend):
             raise ValueError(f"prompt {prompt.sample_id!r} is empty")
         s, g, version = prompt.sampling, prompt.group_size, self._version
         self._check_sampling(s)
+        if s.return_routes and prompt.continues:
+            raise ValueError(
+                f"prompt {prompt.sample_id!r} asks for routes of a continued prompt (a later "
+                "turn of an episode); the JAX engine records routes of whole prompts only"
+            )
         key = f"{prompt.sample_id}#{next(self._ids)}"
         request = Request(
             key, tuple(int(t) for t in prompt.token_ids), g, s.max_new_tokens, s.seed,
@@ -162,7 +168,7 @@ class JaxBackend(RolloutBackend):
             self._groups.pop(key)
             raise
         samples: list[SampleResult] = await future
-        return tuple(_completion(r, version) for r in samples)
+        return tuple(_completion(r, version, s.return_routes) for r in samples)
 
     async def _dispatch(self) -> None:
         assert self.engine is not None
@@ -273,8 +279,12 @@ class JaxBackend(RolloutBackend):
             self._receiver = None
 
 
-def _completion(r: SampleResult, version: int) -> m.Completion:
-    """Our record of one engine result (`version`: the one served when the request started)."""
-    return completion(
+def _completion(r: SampleResult, version: int, routes: bool = False) -> m.Completion:
+    """Our record of one engine result (`version`: the one served when the request started;
+    `routes`: the request asked for its routed experts, which a MoE model's result has)."""
+    c = completion(
         r.tokens, r.logprobs, r.finish_reason, r.weight_versions, version, r.forced_positions
     )
+    if routes and r.routes is not None:
+        c = dataclasses.replace(c, routed_experts=r.routes)
+    return c

@@ -86,6 +86,7 @@ class _Slot:
     request: Request
     index: int
     spans: list[tuple[int, int]]  # (version, first token index)
+    prompt_routes: np.ndarray | None = None  # [P, L, k] the prefill's (MoE models)
 
 
 def sample_keys(seed: int, request: Request) -> np.ndarray:
@@ -317,9 +318,12 @@ class ContinuousBatcher:
         self._prefill_for(take)
         groups: dict[int, list[tuple[int, _Pending]]] = {}
         for slot, p in zip(free, take, strict=False):
-            batch, _ = self._prefills[id(p.request)]
+            batch, row = self._prefills[id(p.request)]
             groups.setdefault(id(batch), []).append((slot, p))
-            self._slots[slot] = _Slot(p.request, p.index, [(self.version, 0)])
+            routes = None
+            if batch.routes is not None:  # [P_rows, T, L, k] -> this prompt's [P, L, k]
+                routes = np.asarray(jax.device_get(batch.routes[row, : len(p.request.prompt)]))
+            self._slots[slot] = _Slot(p.request, p.index, [(self.version, 0)], routes)
         for members in groups.values():  # one insertion per prefill batch
             batch = self._prefills[id(members[0][1].request)][0]
             self._insert_rows(
@@ -403,7 +407,7 @@ class ContinuousBatcher:
 
     def _collect(self) -> list[SampleResult]:
         self.state, fetched = _collect_and_release(self.state)
-        mask, tokens, logprobs, forced, lengths, reasons = jax.device_get(fetched)
+        mask, tokens, logprobs, forced, lengths, reasons, routes = jax.device_get(fetched)
         done = np.flatnonzero(mask)
         out = []
         for i in done:
@@ -419,6 +423,9 @@ class ContinuousBatcher:
                 if whole and self.mesh is None
                 else None
             )
+            sample_routes = None
+            if slot.prompt_routes is not None and n >= 1:  # prefill rows, then decode rows
+                sample_routes = np.concatenate([slot.prompt_routes, routes[i, : n - 1]])
             bounds = [s for _, s in slot.spans[1:]] + [n]
             spans = [(v, s, e) for (v, s), e in zip(slot.spans, bounds, strict=True) if e > s]
             out.append(
@@ -431,6 +438,7 @@ class ContinuousBatcher:
                     finish_reason=FINISH_REASONS[int(reasons[i])],
                     weight_versions=spans,
                     replica=self.replica,
+                    routes=None if sample_routes is None else sample_routes.astype(np.int32),
                 )
             )
         return out
@@ -441,7 +449,8 @@ def _collect_and_release(state: SlotState) -> tuple[SlotState, tuple[jax.Array, 
     """Copy out the finished slots' rows and mark those slots free, in one compiled call.
 
     Returns the state and ``(done [B] bool, out_tokens [B, C], out_logprobs [B, C],
-    out_forced [B, C], gen_len [B], reason [B])``; only rows with ``done`` are meaningful.
+    out_forced [B, C], gen_len [B], reason [B], out_routes [B, C, L, k])``; only rows with
+    ``done`` are meaningful.
     """
     done = state.active & state.finished
     fetched = (
@@ -451,6 +460,7 @@ def _collect_and_release(state: SlotState) -> tuple[SlotState, tuple[jax.Array, 
         state.out_forced,
         state.gen_len,
         state.reason,
+        state.out_routes,
     )
     fetched = jax.tree.map(jnp.copy, fetched)  # outputs must not alias the donated state
     released = dataclasses.replace(

