@@ -407,10 +407,14 @@ class ContinuousBatcher:
 
     def _collect(self) -> list[SampleResult]:
         self.state, fetched = _collect_and_release(self.state)
-        mask, tokens, logprobs, forced, lengths, reasons, routes = jax.device_get(fetched)
+        *small, routes_all = fetched
+        mask, tokens, logprobs, forced, lengths, reasons = jax.device_get(tuple(small))
         done = np.flatnonzero(mask)
+        routes = None  # [len(done), C, L, k]: only the finished rows leave the device
+        if routes_all.shape[1] and len(done):
+            routes = np.asarray(jax.device_get(routes_all[jnp.asarray(done)]))
         out = []
-        for i in done:
+        for j, i in enumerate(done):
             slot = self._slots[i]
             assert slot is not None
             self._slots[i] = None
@@ -424,8 +428,9 @@ class ContinuousBatcher:
                 else None
             )
             sample_routes = None
-            if slot.prompt_routes is not None and n >= 1:  # prefill rows, then decode rows
-                sample_routes = np.concatenate([slot.prompt_routes, routes[i, : n - 1]])
+            if slot.prompt_routes is not None and routes is not None and n >= 1:
+                # the prefill's rows, then the decode steps'
+                sample_routes = np.concatenate([slot.prompt_routes, routes[j, : n - 1]])
             bounds = [s for _, s in slot.spans[1:]] + [n]
             spans = [(v, s, e) for (v, s), e in zip(slot.spans, bounds, strict=True) if e > s]
             out.append(
