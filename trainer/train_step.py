@@ -305,9 +305,13 @@ class TrainStep:
         sharded = shard_batch(batch, self.mesh)
         return self._jitted.lower(self.abstract_state(), sharded, None)
 
-    def _logprobs(self, params: Params, mb: RLBatch) -> tuple[jax.Array, dict[str, jax.Array]]:
-        """[M, L] float32 log-probs of the micro-batch's targets at the sampling temperature,
-        and (with routes) the routing agreement sums of `trainer.replay`."""
+    def _logprobs(self, params: Params, mb: RLBatch) -> jax.Array:
+        """[M, L] float32 log-probs of the micro-batch's targets at the sampling temperature."""
+        return self._forward(params, mb)[0]
+
+    def _forward(self, params: Params, mb: RLBatch) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """`_logprobs` and, for a micro-batch with routes, the routing agreement sums of
+        `trainer.replay` (its forward replays the routes when `routing_replay`)."""
         model = self.template.merge(params)
         tokens, positions = jnp.asarray(mb.tokens), jnp.asarray(mb.positions)
         routing: dict[str, jax.Array] = {}
@@ -337,8 +341,8 @@ class TrainStep:
         return logp, routing
 
     def _loss(self, params: Params, mb: RLBatch, normalizer: jax.Array, ref: Params | None):
-        logp, routing = self._logprobs(params, mb)
-        ref_logp = None if ref is None else jax.lax.stop_gradient(self._logprobs(ref, mb)[0])
+        logp, routing = self._forward(params, mb)
+        ref_logp = None if ref is None else jax.lax.stop_gradient(self._logprobs(ref, mb))
         out = self.loss(mb.loss_inputs(logp, ref_logprobs=ref_logp, normalizer=normalizer))
         return out.loss, ({**out.metrics, **routing}, jax.lax.stop_gradient(logp))
 

@@ -50,3 +50,19 @@ def test_a_config_asking_for_routes_where_none_can_come_is_refused(overrides, me
         load_config(overrides=overrides)
     assert load_config(overrides=["loss.routing_replay=engine", "rollout.backend=jax"]).wants_routes
     assert not load_config().wants_routes
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["launch.num_engines=2", "launch.engine_backends=[jax, vllm]"],
+        ["launch.trainer_processes=2"],
+    ],
+)
+def test_a_job_asking_for_routes_from_vllm_or_several_trainers_is_refused(overrides):
+    from trainer.launch.job_config import load_job_config
+
+    asked = ["rollout.backend=jax", "loss.routing_replay=engine"]
+    load_job_config(None, asked)  # one JAX engine, one trainer process: fine
+    with pytest.raises(ConfigError, match="need JAX engines only"):
+        load_job_config(None, [*asked, *overrides])
