@@ -69,10 +69,12 @@ def _engine_rollouts(cfg, model):
     return build_rl_batch([RolloutGroup("g", PROMPT, completions)], pad_id=0)
 
 
-def _step(model, replay: bool) -> TrainStep:
+def _step(model, replay: bool, micro_batches: int = 1) -> TrainStep:
     tx = make_optimizer(OptimizerConfig(learning_rate=0.0))
     mesh = make_mesh(1, 1, devices=jax.devices()[:1])
-    return TrainStep(model, make_loss("grpo"), tx, mesh, routing_replay=replay)
+    return TrainStep(
+        model, make_loss("grpo"), tx, mesh, routing_replay=replay, micro_batches=micro_batches
+    )
 
 
 def test_replay_removes_the_ratio_error_of_a_router_tie(tiny_checkpoint):
@@ -82,7 +84,7 @@ def test_replay_removes_the_ratio_error_of_a_router_tie(tiny_checkpoint):
     tokens = sum(len(c) for c in COMPLETIONS)  # 8 loss tokens, 2 layers each
     results = {}
     for replay in (False, True):
-        step = _step(model, replay)
+        step = _step(model, replay, micro_batches=2 if replay else 1)  # routes split too
         _, metrics = step(step.init_state(model), batch)
         results[replay] = metrics
         assert metrics["routing/pairs"] == 2 * tokens
