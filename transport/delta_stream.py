@@ -86,12 +86,18 @@ def send_message(sock: socket.socket, payload: bytes) -> None:
     sock.sendall(payload)
 
 
-def _read_exact(sock: socket.socket, n: int) -> bytes:
+class PeerClosed(TransferError):
+    """The peer closed the stream between two messages (a clean hang-up)."""
+
+
+def _read_exact(sock: socket.socket, n: int, first: bool = False) -> bytes:
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
     while got < n:
         k = sock.recv_into(view[got:], n - got)
+        if k == 0 and got == 0 and first:
+            raise PeerClosed("the peer closed the stream")
         if k == 0:
             raise TransferError(f"the peer closed the stream after {got} of {n} bytes")
         got += k
@@ -102,11 +108,12 @@ def read_message(sock: socket.socket, limit: int, what: str) -> bytes:
     """Read one length-prefixed message of at most `limit` bytes.
 
     Raises:
+        PeerClosed: the peer closed the stream before the message began.
         TransferError: the length exceeds `limit` (nothing more is read or allocated), or the
-            peer closed the stream.
+            peer closed the stream inside the message.
         OSError: the socket failed or timed out.
     """
-    (n,) = LENGTH.unpack(_read_exact(sock, LENGTH.size))
+    (n,) = LENGTH.unpack(_read_exact(sock, LENGTH.size, first=True))
     if n > limit:
         raise TransferError(f"{what}: a length prefix of {n} bytes, over the bound of {limit}")
     return _read_exact(sock, n)
@@ -331,6 +338,9 @@ class DeltaStreamSender(WeightSender):
                     engine.holds, engine.since_keyframe = holds, 0
                 if not self._serve_one(conn, engine, want):
                     return
+        except PeerClosed:
+            engine.dropped = "closed by the engine"
+            log.info("far engine %s hung up", engine.name)
         except (OSError, TransferError) as e:
             if not self._closed:
                 engine.dropped = f"{type(e).__name__}: {e}"
@@ -391,7 +401,10 @@ class DeltaStreamSender(WeightSender):
         _send_json(conn, header)
         for f in frames:
             send_message(conn, f)
-        ack = _read_json(conn, MAX_REQUEST, f"ack of {engine.name}")
+        try:
+            ack = _read_json(conn, MAX_REQUEST, f"ack of {engine.name}")
+        except PeerClosed:
+            raise TransferError(f"it hung up before acking version {version}") from None
         loaded = ack.get("loaded") == version
         if loaded:
             engine.holds, engine.keyframe_next = version, False

@@ -7,6 +7,7 @@ delta is refused and a keyframe follows; a hostile length prefix is refused on e
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import threading
 
@@ -144,7 +145,7 @@ def test_an_engine_that_dies_mid_transfer_is_dropped_and_the_others_go_on(sender
         sender.send(Manifest.of(v, big, "bfloat16", 4 << 20), w.items())
         assert _newest(live)[0] == v
     dead = [e for e in sender.engines if e.name.startswith("dying@")]
-    assert len(dead) == 1 and dead[0].dropped and "closed" not in dead[0].dropped[:6]
+    assert len(dead) == 1 and re.search("Connection|hung up before", dead[0].dropped or "")
     assert not any(p.engine.startswith("dying@") and p.loaded for p in sender.pushes)
     live.close()
 
