@@ -107,7 +107,7 @@ def trainer(args: argparse.Namespace) -> None:
     sender = None
     if args.engines:
         sender = DeltaStreamSender(
-            "0.0.0.0", PORT, keep=2, full_every=args.full_every, level=args.level, timeout_s=900
+            args.bind, PORT, keep=2, full_every=args.full_every, level=args.level, timeout_s=900
         )
     try:
         if sender is not None:
@@ -219,7 +219,7 @@ def _run(box: ClusterBox, name: str, rates: dict[str, float | None], args, tmp: 
             [*me, "trainer", "--out", str(out), "--model", args.model, "--steps", str(args.steps),
              "--lr", str(args.lr), "--batch", str(args.batch), "--seq-len", str(args.seq_len),
              "--full-every", str(args.full_every), "--level", str(args.level),
-             "--engines", *rates, *common],
+             "--bind", box.address("trainer"), "--engines", *rates, *common],
             env=env,
         )  # fmt: skip
         procs.append(trainer_p)
@@ -321,6 +321,7 @@ def main() -> None:
     p.add_argument("--level", type=int, default=3, help="zstd level")
     p.add_argument("--timeout-s", type=float, default=900.0)
     p.add_argument("--out", help="trainer: where to write its figures")
+    p.add_argument("--bind", default="127.0.0.1", help="trainer: the sender's address")
     p.add_argument("--engines", nargs="*", default=[], help="trainer: far engines' names")
     p.add_argument("--name", help="engine: its name")
     p.add_argument("--connect", help="engine: the sender's HOST:PORT")

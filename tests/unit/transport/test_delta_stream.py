@@ -16,6 +16,7 @@ import torch
 
 from tests.unit.transport.test_file_delta import SHAPES, _m, _same_bits, _versions
 from transport.base import TransferError
+from transport.config import DeltaStreamTransportConfig
 from transport.delta_stream import (
     LENGTH,
     DeltaStreamReceiver,
@@ -24,6 +25,7 @@ from transport.delta_stream import (
     read_message,
     send_message,
 )
+from transport.factory import make_receiver, make_sender
 from transport.manifest import Manifest, ManifestError
 
 
@@ -293,3 +295,21 @@ def test_a_frame_longer_than_its_bucket_allows_is_refused_unread():
         r.receive_newest(lambda bucket: None)
     t.join(10)
     server.close()
+
+
+def test_the_factory_builds_both_ends_from_one_config():
+    cfg = DeltaStreamTransportConfig(keep=2, full_every=2, zstd_level=1, timeout_s=10.0)
+    sender = make_sender(cfg)
+    assert isinstance(sender, DeltaStreamSender) and sender.port > 0
+    try:
+        receiver = make_receiver(cfg.model_copy(update={"port": sender.port, "name": "f"}))
+        assert isinstance(receiver, DeltaStreamReceiver)
+        weights = _versions(3)
+        for v, w in enumerate(weights, start=1):
+            sender.send(_m(v), w.items())
+            got_v, got = _newest(receiver)
+            assert got_v == v and _same_bits(got, w)
+        assert _bases(sender, "f@") == [(1, None, True), (2, 1, True), (3, None, True)]
+        receiver.close()
+    finally:
+        sender.close()
