@@ -9,8 +9,8 @@ version it wants (or none: the newest); the sender answers with the newest versi
 held one (waiting for one if there is none yet), encoded for that engine alone:
 
 - a **delta** against the held version, when the sender still keeps that version (the newest
-  `keep` ones) with the same layout and the engine has had fewer than `full_every` - 1 deltas
-  since its last keyframe;
+  `keep` ones, and the one each connected engine holds) with the same layout and the engine
+  has had fewer than `full_every` - 1 deltas since its last keyframe;
 - a **keyframe** (the whole version, compressed) otherwise: an engine that holds nothing, too
   old a version, or refused the last one (a corrupt frame, a hash mismatch).
 
@@ -35,7 +35,8 @@ reconnects on its next pull; nothing of a version is loaded unless every bucket 
 with the sender's SHA-256.
 
 Memory: the sender keeps the newest `keep` versions' packed bytes (the model in the wire dtype
-each) and their encoded frames; a receiver keeps the version it loaded, packed.
+each), the version each connected engine holds (at most one more per engine) and the frames
+encoded from them; a receiver keeps the version it loaded, packed.
 """
 
 from __future__ import annotations
@@ -81,9 +82,13 @@ def frame_bound(size: int) -> int:
 
 
 def send_message(sock: socket.socket, payload: bytes) -> None:
-    """Write one length-prefixed message."""
-    sock.sendall(LENGTH.pack(len(payload)))
-    sock.sendall(payload)
+    """Write one length-prefixed message (a small one in one write: with Nagle's algorithm a
+    second small write would wait for the peer's delayed ACK)."""
+    if len(payload) <= MAX_REQUEST:
+        sock.sendall(LENGTH.pack(len(payload)) + payload)
+    else:
+        sock.sendall(LENGTH.pack(len(payload)))
+        sock.sendall(payload)
 
 
 class PeerClosed(TransferError):
@@ -203,7 +208,8 @@ class DeltaStreamSender(WeightSender):
     Args:
         host: the address to listen on ("0.0.0.0": every interface).
         port: the TCP port; 0 picks a free one (read `port`).
-        keep: newest versions kept as delta bases (>= 1).
+        keep: newest versions kept as delta bases (>= 1), besides the one each connected
+            engine holds.
         full_every: a keyframe to an engine after every `full_every` - 1 deltas (>= 1).
         level: zstd compression level (1..22).
         timeout_s: seconds a write to an engine, or its ack, may take before it is dropped.
@@ -252,6 +258,12 @@ class DeltaStreamSender(WeightSender):
         with self._cv:
             return max(self._kept, default=None)
 
+    @property
+    def kept(self) -> list[int]:
+        """The versions kept now (delta bases and versions to serve), ascending."""
+        with self._cv:
+            return sorted(self._kept)
+
     def send(self, manifest: Manifest, tensors: Iterable[tuple[str, Any]]) -> SendStats:
         """Pack the version, keep it and hand it to every engine's stream; returns at once
         (no engine is waited for). `SendStats.wire_bytes` is None: each engine's bytes are in
@@ -275,8 +287,10 @@ class DeltaStreamSender(WeightSender):
             if manifest.version <= newest:
                 raise ValueError(f"version: expected > {newest}, got {manifest.version}")
             self._kept[manifest.version] = kept
+            held = {e.holds for e in self.engines if e.dropped is None}
             for v in sorted(self._kept)[: -self.keep]:
-                del self._kept[v]
+                if v not in held:  # a connected engine's base stays: it gets deltas
+                    del self._kept[v]
             self._frames = {k: f for k, f in self._frames.items() if k[1] in self._kept}
             self._cv.notify_all()
         seconds = time.perf_counter() - t0
@@ -311,6 +325,7 @@ class DeltaStreamSender(WeightSender):
                 if self._closed:
                     conn.close()
                     return
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 self._conns.append(conn)
                 t = threading.Thread(
                     target=self._serve, args=(conn, f"{addr[0]}:{addr[1]}"), daemon=True,
@@ -509,6 +524,7 @@ class DeltaStreamReceiver(WeightReceiver):
         try:
             if self._sock is None:
                 self._sock = socket.create_connection((self.host, self.port), self.timeout_s)
+                self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._sock.settimeout(self.timeout_s)
             _send_json(self._sock, {"engine": self.name, "holds": self.held_version,
                                     "want": want})  # fmt: skip

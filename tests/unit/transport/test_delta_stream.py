@@ -10,6 +10,7 @@ import contextlib
 import re
 import socket
 import threading
+import time
 
 import pytest
 import torch
@@ -47,6 +48,14 @@ def _newest(receiver: DeltaStreamReceiver) -> tuple[int, dict[str, torch.Tensor]
     return m.version, got
 
 
+def _until(cond, timeout_s: float = 10.0) -> None:
+    """Wait for `cond()` (a sender thread's view of a hang-up), at most `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "the sender did not see it in time"
+        time.sleep(0.01)
+
+
 def _bases(sender: DeltaStreamSender, engine: str) -> list[tuple[int, int | None, bool]]:
     """(version, base, loaded) of every push to `engine`, once the sender has read every ack
     (a receiver returns as soon as it sent its ack)."""
@@ -78,17 +87,25 @@ def test_a_slow_engine_skips_versions_without_holding_back_the_trainer_or_a_fast
     weights = _versions(6)
     fast, slow = _receiver(sender, "fast"), _receiver(sender, "slow")
     sender.send(_m(1), weights[0].items())
-    assert _newest(slow)[0] == 1
+    assert _newest(slow)[0] == 1 and _bases(sender, "slow@") == [(1, None, True)]
     for v in range(2, 7):  # the slow engine asks for nothing meanwhile: no send waits for it
         sender.send(_m(v), weights[v - 1].items())
         assert _newest(fast)[0] == v
-    v, got = _newest(slow)  # the newest; version 1 is no longer kept (keep=2): a keyframe
+    # the newest, as a delta against version 1: beyond the newest keep=2, the sender keeps
+    # the version each connected engine holds
+    v, got = _newest(slow)
     assert v == 6 and _same_bits(got, weights[5])
-    assert _bases(sender, "slow@") == [(1, None, True), (6, None, True)]
-    sender.send(_m(7), weights[5].items())
-    assert _newest(slow)[0] == 7
-    assert _bases(sender, "slow@")[-1] == (7, 6, True)  # then deltas again
-    fast.close(), slow.close()
+    assert _bases(sender, "slow@") == [(1, None, True), (6, 1, True)]
+    fast.close()
+    for v in range(7, 10):  # the slow engine stops asking; versions beyond keep=2 go
+        sender.send(_m(v), weights[5].items())
+    slow.close()
+    _until(lambda: all(e.dropped for e in sender.engines))  # both hang-ups read
+    sender.send(_m(10), weights[5].items())
+    assert sorted(sender.kept) == [9, 10]
+    slow = _receiver(sender, "slow")  # restarted, it holds nothing: a keyframe
+    assert _newest(slow)[0] == 10 and _bases(sender, "slow@")[-1] == (10, None, True)
+    slow.close()
 
 
 def test_receive_pulls_exactly_the_planned_version_or_refuses(sender):
