@@ -21,7 +21,8 @@ for every engine to load the last version.
 
 Figures, per link rate (``unlimited``, ``100``, ``20`` Mbit/s): ``full_bf16_bytes`` (a version's
 payload), the median bytes and seconds of a delta push and of a keyframe push (request to the
-engine's ack: encode, link, rebuild, load), versions loaded and skipped, and the engine's lag
+engine's ack: encode, link, rebuild, load), ``encode_s_total`` (the sender's hashing and
+encoding for that engine, on the trainer's host), versions loaded and skipped, and the engine's lag
 distribution (the trainer's newest version minus the engine's held one, sampled after every
 step's hand-over). Per run: ``step_s`` (median loop seconds per step over steps 2..N: train
 step, host copy, hand-over) and ``idle_fraction`` (the share of the loop's time over steps
@@ -139,7 +140,8 @@ def trainer(args: argparse.Namespace) -> None:
             sender.wait_idle(args.timeout_s)
         pushes = [
             {"engine": p.engine.split("@")[0], "version": p.version, "base": p.base,
-             "wire_bytes": p.wire_bytes, "seconds": p.seconds, "loaded": p.loaded}
+             "wire_bytes": p.wire_bytes, "seconds": p.seconds, "encode_s": p.encode_s,
+             "loaded": p.loaded}
             for p in (sender.pushes if sender else [])
         ]  # fmt: skip
         out = {"rows": rows, "lags": lags, "pushes": pushes, "catch_up_s": catch_up_s,
@@ -261,6 +263,7 @@ def _link(run: dict, engine_name: str, steps: int) -> dict:
     return {
         "delta_bytes": med(deltas, "wire_bytes"), "keyframe_bytes": med(keys, "wire_bytes"),
         "delta_s": med(deltas, "seconds"), "keyframe_s": med(keys, "seconds"),
+        "encode_s_total": sum(p["encode_s"] for p in pushes),
         "versions_loaded": len(loaded), "versions_skipped": steps + 1 - len(loaded),
         "lag": dict(sorted(Counter(run["lags"][engine_name]).items())),
         "lag_max": max(run["lags"][engine_name], default=0),

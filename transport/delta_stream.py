@@ -157,7 +157,7 @@ class _Kept:
     manifest: Manifest
     layout: bytes
     raws: list[np.ndarray]
-    sha256: list[str]
+    sha256: list[str] | None = None  # hashed by the first engine thread that sends it
 
 
 @dataclass(frozen=True)
@@ -170,6 +170,8 @@ class FarPush:
         wire_bytes: bytes of the frames sent (compressed). payload_bytes: the version's
             bytes in the wire dtype (full, uncompressed).
         seconds: from the request to the engine's ack (encode, link, rebuild, load).
+        encode_s: of `seconds`, the sender's hashing and encoding (0 for frames another
+            engine's push already encoded: the CPU a far engine costs the trainer's host).
         loaded: whether the engine loaded it (False: it refused it).
         at: `time.monotonic()` at the ack.
     """
@@ -180,6 +182,7 @@ class FarPush:
     wire_bytes: int
     payload_bytes: int
     seconds: float
+    encode_s: float
     loaded: bool
     at: float
 
@@ -266,8 +269,8 @@ class DeltaStreamSender(WeightSender):
 
     def send(self, manifest: Manifest, tensors: Iterable[tuple[str, Any]]) -> SendStats:
         """Pack the version, keep it and hand it to every engine's stream; returns at once
-        (no engine is waited for). `SendStats.wire_bytes` is None: each engine's bytes are in
-        `pushes`.
+        (no engine is waited for; hashing and encoding run on the engines' threads).
+        `SendStats.wire_bytes` is None: each engine's bytes are in `pushes`.
 
         Raises:
             ManifestError: a name, order or shape that differs from the manifest, or a
@@ -279,7 +282,7 @@ class DeltaStreamSender(WeightSender):
         if manifest.sharded:
             raise ManifestError("the delta stream sends whole tensors; got a sharded manifest")
         raws = [packed.numpy() for packed in iter_packed(manifest, tensors)]
-        kept = _Kept(manifest, layout_key(manifest), raws, [digest(r) for r in raws])
+        kept = _Kept(manifest, layout_key(manifest), raws)
         with self._cv:
             if self._closed:
                 raise TransferError("the delta stream sender is closed")
@@ -405,11 +408,15 @@ class DeltaStreamSender(WeightSender):
         """Encode (or take from the cache), send, read the ack, record the push."""
         with self._cv:
             frames = self._frames.get(key)
+        t_enc = time.monotonic()
+        if kept.sha256 is None:
+            kept.sha256 = [digest(r) for r in kept.raws]
         if frames is None:
             frames = self._encode(kept, base_kept)
             with self._cv:
                 if version in self._kept:
                     self._frames[key] = frames
+        encode_s = time.monotonic() - t_enc
         delta = key[0] is not None
         header = {"version": version, "base": key[0], "manifest": kept.manifest.to_dict(),
                   "sha256": kept.sha256, "sizes": [len(f) for f in frames]}  # fmt: skip
@@ -431,7 +438,7 @@ class DeltaStreamSender(WeightSender):
         with self._cv:
             self.pushes.append(
                 FarPush(engine.name, version, key[0], sum(map(len, frames)),
-                        kept.manifest.total_bytes, time.monotonic() - t0, loaded,
+                        kept.manifest.total_bytes, time.monotonic() - t0, encode_s, loaded,
                         time.monotonic())
             )  # fmt: skip
 
