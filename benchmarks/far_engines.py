@@ -28,6 +28,19 @@ step's hand-over). Per run: ``step_s`` (median loop seconds per step over steps 
 step, host copy, hand-over) and ``idle_fraction`` (the share of the loop's time over steps
 2..N not in the train step); ``far_over_no_far_step_s``, ``far_idle_over_no_far``.
 
+Measured (SmolLM2, 20 steps, lr 1e-5, full_every 10, zstd 3; a 2-core AMD EPYC with AVX-512
+and AVX-512 BF16, shared with other jobs; the trainer, both engines and the sender's encoding
+share its 2 cores): a version is 269 MB in bf16; a keyframe 192 MB (0.71); a delta 4.6 MB
+(0.017) at one version's distance, 7.4 MB (0.027) across skipped versions. A delta push takes
+9-12 s from request to ack (3 s of it on the wire at 20 Mbit/s; the rest is encoding, rebuild
+and load on the shared cores), a keyframe 12.6 s unlimited, 19.9 s at 100 Mbit/s, 85 s at
+20 Mbit/s. Lag (newest minus held, after each hand-over): unlimited always 1; 100 Mbit/s
+1 (10 of 20 steps) to 5; 20 Mbit/s 1 (9 of 20) to 11, loading 12 of 21 versions: the periodic
+keyframe at version 10 is what holds the slow engine back. Trainer: 8.9 s per step with the
+far engines against 7.1 s without (1.27x; its hand-over 0.34 s against 0.18 s; idle fraction
+0.041 against 0.024); on unlimited links 11.9 s per step, as both engines then rebuild every
+version on the same 2 cores.
+
 Needs root, iproute2 and tc. Run: ``flock /tmp/jaxrl-heavy.lock .venv/bin/python
 benchmarks/far_engines.py [--model smollm2] [--steps 20]``. Prints one line per run and per
 engine, then one JSON object on the last line.
