@@ -190,7 +190,7 @@ def engine(args: argparse.Namespace) -> None:
     import torch
 
     from transport.base import TransferError
-    from transport.delta_stream import DeltaStreamReceiver
+    from transport.delta_receiver import DeltaStreamReceiver
 
     weights: dict[str, object] = {}
 

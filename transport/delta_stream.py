@@ -22,15 +22,16 @@ gets next is the newest at the time it asks: a queue of depth one where the newe
 Frames encoded for one engine are kept for the next engine with the same base (a keyframe is
 compressed once per version).
 
-Wire format (all integers big-endian): every message is an 8-byte length and that many bytes.
-Engine to sender: a JSON request ``{"engine", "holds", "want"}`` (at most `MAX_REQUEST`
-bytes), then after each version a JSON ack ``{"loaded": v}`` or ``{"refused": reason}``.
-Sender to engine: a JSON header ``{"version", "base", "manifest", "sha256", "sizes"}`` (at most
-`MAX_HEADER` bytes; ``base`` null for a keyframe) followed by one message per bucket (one zstd
-frame, of the header's size, at most `frame_bound` of the bucket), or ``{"error": reason}``
-(a wanted version the sender no longer keeps). A length over its bound, a malformed message,
-a broken or stalled connection (`timeout_s`) ends that engine's stream on either side: the
-sender drops the engine (`FarEngine.dropped`), the receiver raises `TransferError` and
+Wire format (`transport.delta_wire`: every message an 8-byte big-endian length and that many
+bytes, each length checked against a bound before it is read). Engine to sender: a JSON
+request ``{"engine", "holds", "want"}`` (at most `MAX_REQUEST` bytes), then after each version
+a JSON ack ``{"loaded": v}`` or ``{"refused": reason}``. Sender to engine: a JSON header
+``{"version", "base", "manifest", "sha256", "sizes"}`` (at most `MAX_HEADER` bytes; ``base``
+null for a keyframe) followed by one message per bucket (one zstd frame, of the header's size,
+at most `frame_bound` of the bucket), or ``{"error": reason}`` (a wanted version the sender
+no longer keeps). A length over its bound, a malformed message, a broken or stalled
+connection (`timeout_s`) ends that engine's stream on either side: the sender drops the engine
+(`FarEngine.dropped`), the receiver (`transport.delta_receiver`) raises `TransferError` and
 reconnects on its next pull; nothing of a version is loaded unless every bucket was rebuilt
 with the sender's SHA-256.
 
@@ -41,113 +42,34 @@ encoded from them; a receiver keeps the version it loaded, packed.
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
-import struct
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from transport.base import (
-    OnBucket,
     SendStats,
     TransferError,
-    WeightReceiver,
     WeightSender,
     iter_packed,
-    unpack,
 )
-from transport.delta_codec import decode_bucket, digest, encode_bucket, layout_key, planes_of
-from transport.manifest import Manifest, ManifestError, bucket_layout
+from transport.delta_codec import digest, encode_bucket, layout_key, planes_of
+from transport.delta_wire import (
+    MAX_REQUEST,
+    PeerClosed,
+    optional_int,
+    read_json,
+    send_json,
+    send_message,
+)
+from transport.manifest import Manifest, ManifestError
 
 log = logging.getLogger("transport.delta_stream")
-
-LENGTH = struct.Struct(">Q")
-"""The length prefix of every message."""
-MAX_REQUEST = 64 * 1024
-"""Bytes of an engine's request or ack, at most."""
-MAX_HEADER = 64 * 2**20
-"""Bytes of a version's header (its manifest included), at most."""
-
-
-def frame_bound(size: int) -> int:
-    """The most bytes a zstd frame of a `size`-byte bucket may take (zstd's own bound,
-    ``ZSTD_COMPRESSBOUND``, rounded up); a longer frame is refused unread."""
-    return size + size // 128 + 1024
-
-
-def send_message(sock: socket.socket, payload: bytes) -> None:
-    """Write one length-prefixed message (a small one in one write: with Nagle's algorithm a
-    second small write would wait for the peer's delayed ACK)."""
-    if len(payload) <= MAX_REQUEST:
-        sock.sendall(LENGTH.pack(len(payload)) + payload)
-    else:
-        sock.sendall(LENGTH.pack(len(payload)))
-        sock.sendall(payload)
-
-
-class PeerClosed(TransferError):
-    """The peer closed the stream between two messages (a clean hang-up)."""
-
-
-def _read_exact(sock: socket.socket, n: int, first: bool = False) -> bytes:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0 and got == 0 and first:
-            raise PeerClosed("the peer closed the stream")
-        if k == 0:
-            raise TransferError(f"the peer closed the stream after {got} of {n} bytes")
-        got += k
-    return bytes(buf)
-
-
-def read_message(sock: socket.socket, limit: int, what: str) -> bytes:
-    """Read one length-prefixed message of at most `limit` bytes.
-
-    Raises:
-        PeerClosed: the peer closed the stream before the message began.
-        TransferError: the length exceeds `limit` (nothing more is read or allocated), or the
-            peer closed the stream inside the message.
-        OSError: the socket failed or timed out.
-    """
-    (n,) = LENGTH.unpack(_read_exact(sock, LENGTH.size, first=True))
-    if n > limit:
-        raise TransferError(f"{what}: a length prefix of {n} bytes, over the bound of {limit}")
-    return _read_exact(sock, n)
-
-
-def _read_json(sock: socket.socket, limit: int, what: str) -> dict[str, Any]:
-    raw = read_message(sock, limit, what)
-    try:
-        msg = json.loads(raw)
-    except ValueError as e:
-        raise TransferError(f"{what}: not JSON: {e}") from e
-    if not isinstance(msg, dict):
-        raise TransferError(f"{what}: expected a JSON object, got {type(msg).__name__}")
-    return msg
-
-
-def _send_json(sock: socket.socket, msg: dict[str, Any]) -> None:
-    send_message(sock, json.dumps(msg).encode())
-
-
-def _optional_int(msg: dict[str, Any], key: str, what: str) -> int | None:
-    v = msg.get(key)
-    if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-        raise TransferError(f"{what}: {key!r} must be null or an int >= 0, got {v!r}")
-    return v
-
-
-class NotKept(TransferError):
-    """The sender does not keep the version asked for (the stream stays open)."""
 
 
 @dataclass
@@ -344,14 +266,14 @@ class DeltaStreamSender(WeightSender):
         try:
             while True:
                 conn.settimeout(None)  # an engine asks when it is ready; close() wakes this
-                req = _read_json(conn, MAX_REQUEST, f"request of {engine.name}")
+                req = read_json(conn, MAX_REQUEST, f"request of {engine.name}")
                 conn.settimeout(self.timeout_s)
                 name = req.get("engine")
                 if not isinstance(name, str) or not 0 < len(name) <= 200:
                     raise TransferError(f"request of {engine.name}: bad engine name {name!r}")
                 engine.name = f"{name}@{peer}"
-                holds = _optional_int(req, "holds", engine.name)
-                want = _optional_int(req, "want", engine.name)
+                holds = optional_int(req, "holds", engine.name)
+                want = optional_int(req, "want", engine.name)
                 if holds != engine.holds:
                     engine.holds, engine.since_keyframe = holds, 0
                 if not self._serve_one(conn, engine, want):
@@ -379,7 +301,7 @@ class DeltaStreamSender(WeightSender):
             if self._closed:
                 return False
             if want is not None and want not in self._kept:
-                _send_json(conn, {"error": f"version {want} is not kept (kept: "
+                send_json(conn, {"error": f"version {want} is not kept (kept: "
                                            f"{sorted(self._kept)})"})  # fmt: skip
                 return True
             version = want if want is not None else max(self._kept)
@@ -420,11 +342,11 @@ class DeltaStreamSender(WeightSender):
         delta = key[0] is not None
         header = {"version": version, "base": key[0], "manifest": kept.manifest.to_dict(),
                   "sha256": kept.sha256, "sizes": [len(f) for f in frames]}  # fmt: skip
-        _send_json(conn, header)
+        send_json(conn, header)
         for f in frames:
             send_message(conn, f)
         try:
-            ack = _read_json(conn, MAX_REQUEST, f"ack of {engine.name}")
+            ack = read_json(conn, MAX_REQUEST, f"ack of {engine.name}")
         except PeerClosed:
             raise TransferError(f"it hung up before acking version {version}") from None
         loaded = ack.get("loaded") == version
@@ -462,169 +384,4 @@ class DeltaStreamSender(WeightSender):
         return [
             encode_bucket(raw, base.raws[b] if base else None, planes_of(m, bucket), compressor)
             for b, (raw, bucket) in enumerate(zip(kept.raws, m.buckets(), strict=True))
-        ]
-
-
-@dataclass
-class _Received:
-    version: int
-    base: int | None
-    manifest: Manifest
-    sha256: list[str]
-    frames: list[bytes] = field(default_factory=list)
-
-
-class DeltaStreamReceiver(WeightReceiver):
-    """A far engine's end of the delta stream: pulls versions, rebuilds and checks them, and
-    loads them bucket by bucket (module docstring).
-
-    Args:
-        host, port: the sender's address.
-        name: this engine's name, sent with every request (1..200 characters).
-        timeout_s: seconds the connection, and each read of a version, may take.
-
-    Attributes:
-        held_version: the version loaded last (None: none, or a load that failed part-way).
-    """
-
-    def __init__(
-        self, host: str, port: int, name: str = "engine", timeout_s: float = 300.0
-    ) -> None:
-        self.host, self.port, self.name, self.timeout_s = host, port, name, timeout_s
-        self._sock: socket.socket | None = None
-        self._held: tuple[int, bytes, list[np.ndarray]] | None = None
-
-    @property
-    def held_version(self) -> int | None:
-        """See the class docstring."""
-        return self._held[0] if self._held else None
-
-    def receive(self, manifest: Manifest, on_bucket: OnBucket) -> None:
-        """See `WeightReceiver.receive`: pulls exactly `manifest.version`.
-
-        Raises:
-            ManifestError: the sender's manifest differs from `manifest`.
-            TransferError: the version is not kept any more, the stream broke or timed out, a
-                frame was malformed or rebuilt with the wrong SHA-256, or `on_bucket` raised.
-        """
-        self._pull(manifest.version, manifest, on_bucket)
-
-    def receive_newest(self, on_bucket: OnBucket) -> Manifest:
-        """Pull the newest version above the one held (waiting up to `timeout_s` for one),
-        load it, and return its manifest.
-
-        Raises:
-            TransferError: as `receive`.
-        """
-        return self._pull(None, None, on_bucket)
-
-    def close(self) -> None:
-        """Close the connection (the sender drops this engine)."""
-        self._drop()
-
-    def _drop(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-
-    def _pull(self, want: int | None, expect: Manifest | None, on_bucket: OnBucket) -> Manifest:
-        try:
-            if self._sock is None:
-                self._sock = socket.create_connection((self.host, self.port), self.timeout_s)
-                self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._sock.settimeout(self.timeout_s)
-            _send_json(self._sock, {"engine": self.name, "holds": self.held_version,
-                                    "want": want})  # fmt: skip
-            got = self._read_version(self._sock)
-        except NotKept:
-            raise
-        except (OSError, TransferError) as e:
-            self._drop()
-            raise TransferError(f"{self.name}: the delta stream from {self.host}:{self.port} "
-                                f"broke: {e}") from e  # fmt: skip
-        try:
-            if expect is not None:
-                expect.check_offered(got.manifest.fingerprint())
-            raws = self._rebuild(got)
-        except (TransferError, ManifestError) as e:
-            self._ack({"refused": f"{type(e).__name__}: {e}"[:2000]})
-            raise
-        m = got.manifest
-        for b, bucket in enumerate(m.buckets()):
-            try:
-                import torch
-
-                on_bucket(unpack(m, bucket, torch.from_numpy(raws[b])))
-            except Exception as e:
-                self._held = None  # part of a version is loaded: the next one is a keyframe
-                self._ack({"refused": f"loading failed: {e!r}"[:2000]})
-                raise TransferError(f"loading version {m.version} failed: {e!r}") from e
-        self._held = (m.version, layout_key(m), raws)
-        self._ack({"loaded": m.version})
-        return m
-
-    def _ack(self, msg: dict[str, Any]) -> None:
-        """Tell the sender; a stream that broke meanwhile is dropped (the next pull
-        reconnects and says what this engine holds)."""
-        if self._sock is None:
-            return
-        try:
-            _send_json(self._sock, msg)
-        except OSError as e:
-            log.warning("%s: the ack %s was not delivered: %s", self.name, msg, e)
-            self._drop()
-
-    def _read_version(self, sock: socket.socket) -> _Received:
-        """The header and every frame of one version, checked for shape but not decoded.
-
-        Raises:
-            NotKept: the sender does not keep the wanted version.
-            TransferError: a malformed header, a length over its
-                bound (the stream cannot be resynchronised: the caller drops it).
-        """
-        h = _read_json(sock, MAX_HEADER, "version header")
-        if "error" in h:
-            raise NotKept(f"the sender: {str(h['error'])[:2000]}")
-        try:
-            m = Manifest.from_dict(h["manifest"])
-            version, base = int(h["version"]), _optional_int(h, "base", "version header")
-            sha256, sizes = [str(x) for x in h["sha256"]], [int(x) for x in h["sizes"]]
-        except (KeyError, TypeError, ValueError, ManifestError) as e:
-            raise TransferError(f"malformed version header: {e!r}") from e
-        buckets = m.buckets()
-        if version != m.version or not len(sha256) == len(sizes) == len(buckets):
-            raise TransferError(
-                f"version header: version {version} (manifest {m.version}), {len(sha256)} "
-                f"hashes and {len(sizes)} sizes for {len(buckets)} buckets"
-            )
-        got = _Received(version, base, m, sha256)
-        for b, bucket in enumerate(buckets):
-            bound = min(sizes[b], frame_bound(bucket_layout(m, bucket)[1]))
-            frame = read_message(sock, bound, f"bucket {b} of version {version}")
-            if len(frame) != sizes[b]:
-                raise TransferError(f"bucket {b} of version {version}: {len(frame)} bytes, "
-                                    f"the header said {sizes[b]}")  # fmt: skip
-            got.frames.append(frame)
-        return got
-
-    def _rebuild(self, got: _Received) -> list[np.ndarray]:
-        m, held = got.manifest, self._held
-        if got.base is not None and (
-            held is None or held[0] != got.base or held[1] != layout_key(m)
-        ):
-            raise TransferError(
-                f"version {got.version} is a delta against version {got.base}; this engine "
-                f"holds {held[0] if held else None}"
-            )
-        bases = held[2] if got.base is not None and held is not None else None
-        return [
-            decode_bucket(
-                frame,
-                bases[b] if bases is not None else None,
-                planes_of(m, bucket),
-                bucket_layout(m, bucket)[1],
-                got.sha256[b],
-                f"bucket {b} of version {got.version} (base {got.base})",
-            )  # fmt: skip
-            for b, (frame, bucket) in enumerate(zip(got.frames, m.buckets(), strict=True))
         ]

@@ -97,7 +97,7 @@ def make_receiver(
     """The engine side: `rank` in 1..world_size-1 of the group (its pull ids for
     `jax_transfer`; ignored for `file`, `shm` and `delta_stream`)."""
     if isinstance(cfg, DeltaStreamTransportConfig):
-        from transport.delta_stream import DeltaStreamReceiver
+        from transport.delta_receiver import DeltaStreamReceiver
 
         return DeltaStreamReceiver(cfg.host, cfg.port, cfg.name, cfg.timeout_s)
     if isinstance(cfg, NcclTransportConfig):

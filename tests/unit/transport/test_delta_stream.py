@@ -18,14 +18,9 @@ import torch
 from tests.unit.transport.test_file_delta import SHAPES, _m, _same_bits, _versions
 from transport.base import TransferError
 from transport.config import DeltaStreamTransportConfig
-from transport.delta_stream import (
-    LENGTH,
-    DeltaStreamReceiver,
-    DeltaStreamSender,
-    NotKept,
-    read_message,
-    send_message,
-)
+from transport.delta_receiver import DeltaStreamReceiver
+from transport.delta_stream import DeltaStreamSender
+from transport.delta_wire import LENGTH, NotKept, read_message, send_message
 from transport.factory import make_receiver, make_sender
 from transport.manifest import Manifest, ManifestError
 
