@@ -92,6 +92,33 @@ class JaxTransferTransportConfig(BaseModel):
     """Bucket size in bytes (the manifest's; the pull itself moves whole blocks)."""
 
 
+class DeltaStreamTransportConfig(BaseModel):
+    """Compressed XOR deltas over TCP, one stream per far engine (`transport.delta_stream`):
+    each engine pulls the newest version as a delta against the one it holds, or a keyframe.
+    Built by `transport.factory` for far engines; the main job's `launch.data_plane` does not
+    name it yet."""
+
+    kind: Literal["delta_stream"] = "delta_stream"
+    host: str = "127.0.0.1"
+    """The sender's listening address (and the address engines connect to)."""
+    port: int = Field(default=0, ge=0, le=65535)
+    """The sender's TCP port; 0 lets it pick one (read the sender's `port`)."""
+    timeout_s: float = Field(default=300.0, gt=0)
+    """Seconds a version may take to reach an engine (encode, link, rebuild, load) before
+    the sender drops it; an engine waits as long for a version."""
+    keep: int = Field(default=2, ge=1)
+    """Newest versions the sender keeps as delta bases (each the model's wire bytes in RAM);
+    an engine holding an older one gets a keyframe."""
+    full_every: int = Field(default=10, ge=1)
+    """A keyframe to an engine after every `full_every` - 1 deltas it loaded."""
+    zstd_level: int = Field(default=3, ge=1, le=22)
+    """The zstd compression level."""
+    bucket_bytes: int = Field(default=64 * 2**20, gt=0)
+    """Bucket size in bytes: each bucket is one zstd frame, hashed and checked alone."""
+    name: str = Field(default="engine", min_length=1, max_length=200)
+    """Receiver side: the engine's name in the sender's records."""
+
+
 TransportConfig = Annotated[
     GlooTransportConfig
     | NcclTransportConfig

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from transport.base import WeightReceiver, WeightSender
 from transport.config import (
+    DeltaStreamTransportConfig,
     FileTransportConfig,
     GlooTransportConfig,
     JaxTransferTransportConfig,
@@ -19,12 +20,20 @@ if TYPE_CHECKING:
     from transport.jax_transfer import JaxTransferSender
 
 
-def make_sender(cfg: TransportConfig, num_receivers: int = 1, senders: int = 1) -> WeightSender:
+def make_sender(
+    cfg: TransportConfig | DeltaStreamTransportConfig, num_receivers: int = 1, senders: int = 1
+) -> WeightSender:
     """The trainer side (process 0 of the trainer). Collective kinds bind their rendezvous
     store now (port 0 picks one; read it back from `.port`); `num_receivers` counts receiving
     ranks and `senders` the trainer processes that send together (`transport.fan_in`; both
-    ignored for `file`, `shm` and `jax_transfer`, whose
-    sender is told its receivers per plan)."""
+    ignored for `file`, `shm`, `delta_stream` and `jax_transfer`, whose
+    sender is told its receivers per plan or serves whoever connects)."""
+    if isinstance(cfg, DeltaStreamTransportConfig):
+        from transport.delta_stream import DeltaStreamSender
+
+        return DeltaStreamSender(
+            cfg.host, cfg.port, cfg.keep, cfg.full_every, cfg.zstd_level, cfg.timeout_s
+        )
     if isinstance(cfg, NcclTransportConfig):
         from transport.nccl import NcclSender
 
@@ -82,9 +91,15 @@ def make_co_sender(
     )
 
 
-def make_receiver(cfg: TransportConfig, rank: int = 1, world_size: int = 2) -> WeightReceiver:
+def make_receiver(
+    cfg: TransportConfig | DeltaStreamTransportConfig, rank: int = 1, world_size: int = 2
+) -> WeightReceiver:
     """The engine side: `rank` in 1..world_size-1 of the group (its pull ids for
-    `jax_transfer`; ignored for `file` and `shm`)."""
+    `jax_transfer`; ignored for `file`, `shm` and `delta_stream`)."""
+    if isinstance(cfg, DeltaStreamTransportConfig):
+        from transport.delta_receiver import DeltaStreamReceiver
+
+        return DeltaStreamReceiver(cfg.host, cfg.port, cfg.name, cfg.timeout_s)
     if isinstance(cfg, NcclTransportConfig):
         from transport.nccl import NcclReceiver
 

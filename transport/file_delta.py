@@ -16,9 +16,11 @@ the sender wrote (a mismatch is a `TransferError`, nothing of it is loaded).
 Layout under `root`, as `transport.file` (a hidden folder renamed into place commits a
 version; the `fingerprint` file is the manifest's `Manifest.fingerprint`), with
 ``chain.json`` (the version, its `base` version or null for a keyframe, its `keyframe`, each
-bucket's SHA-256 and stored size) and one ``bucket_<i:05d>.zst`` per bucket. The sender writes
-a keyframe first, after every `full_every` - 1 deltas, and whenever the layout changes; it keeps
-the newest `keep` versions and every older one they need back to their keyframe.
+bucket's SHA-256 and stored size) and one ``bucket_<i:05d>.zst`` per bucket (encoded by
+`transport.delta_codec`, shared with the TCP stream per far engine, `transport.delta_stream`).
+The sender writes a keyframe first, after every `full_every` - 1 deltas, and whenever the
+layout changes; it keeps the newest `keep` versions and every older one they need back to
+their keyframe.
 
 Memory: the sender holds the last version's packed bytes (the model's size in the wire dtype);
 so does a receiver once it has loaded a version. A receiver that does not hold the base (a
@@ -28,8 +30,6 @@ deltas on disk, one version at a time.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -48,6 +48,15 @@ from transport.base import (
     iter_packed,
     unpack,
 )
+from transport.delta_codec import (
+    decode_bucket,
+    digest,
+    encode_bucket,
+    layout_key,
+    planes_of,
+    shuffle,  # noqa: F401 - part of this module's interface (tests, older callers)
+    unshuffle,  # noqa: F401
+)
 from transport.file import (
     FINGERPRINT,
     FolderReceiver,
@@ -55,7 +64,7 @@ from transport.file import (
     version_dir,
     wait_committed,
 )
-from transport.manifest import DTYPE_BYTES, Manifest, ManifestError, bucket_layout
+from transport.manifest import Manifest, ManifestError, bucket_layout
 
 CHAIN = "chain.json"
 """The file of a version folder that says how to rebuild it (see the module docstring)."""
@@ -64,40 +73,6 @@ CHAIN = "chain.json"
 def bucket_file(b: int) -> str:
     """The name of bucket `b`'s file in a version folder."""
     return f"bucket_{b:05d}.zst"
-
-
-def _layout_key(manifest: Manifest) -> bytes:
-    """What two versions must share for one to be a delta of the other: every tensor's name,
-    shape, dtype and the bucket size (the manifest but its version)."""
-    return dataclasses.replace(manifest, version=0).to_json()
-
-
-def _planes(manifest: Manifest, bucket: list[int]) -> list[tuple[int, int, int]]:
-    """(offset, bytes, itemsize) of each tensor's values inside the bucket's packed buffer."""
-    offsets, _ = bucket_layout(manifest, bucket)
-    return [
-        (off, manifest.tensors[i].nbytes, DTYPE_BYTES[manifest.tensors[i].dtype])
-        for i, off in zip(bucket, offsets, strict=True)
-    ]
-
-
-def shuffle(buf: np.ndarray, planes: list[tuple[int, int, int]]) -> np.ndarray:
-    """uint8 [N] -> uint8 [N]: each tensor's values regrouped by byte significance (all
-    first bytes, then all second bytes, ...); the padding between tensors stays in place."""
-    out = buf.copy()
-    for off, n, size in planes:
-        if size > 1:
-            out[off : off + n] = buf[off : off + n].reshape(-1, size).T.reshape(-1)
-    return out
-
-
-def unshuffle(buf: np.ndarray, planes: list[tuple[int, int, int]]) -> np.ndarray:
-    """Inverse of `shuffle`."""
-    out = buf.copy()
-    for off, n, size in planes:
-        if size > 1:
-            out[off : off + n] = buf[off : off + n].reshape(size, -1).T.reshape(-1)
-    return out
 
 
 class DeltaFileSender(WeightSender):
@@ -135,7 +110,7 @@ class DeltaFileSender(WeightSender):
         import zstandard
 
         t0 = time.perf_counter()
-        layout = _layout_key(manifest)
+        layout = layout_key(manifest)
         held = self._held
         delta = (
             held is not None
@@ -155,12 +130,11 @@ class DeltaFileSender(WeightSender):
         try:
             for b, packed in enumerate(iter_packed(manifest, tensors)):
                 raw = packed.numpy().copy()
-                planes = _planes(manifest, buckets[b])
-                body = raw ^ held[2][b] if delta and held is not None else raw
-                blob = compressor.compress(shuffle(body, planes).tobytes())
+                base_raw = held[2][b] if delta and held is not None else None
+                blob = encode_bucket(raw, base_raw, planes_of(manifest, buckets[b]), compressor)
                 (tmp / bucket_file(b)).write_bytes(blob)
                 raws.append(raw)
-                hashes.append(hashlib.sha256(raw.tobytes()).hexdigest())
+                hashes.append(digest(raw))
                 sizes.append(len(blob))
             chain = {"version": manifest.version, "base": base, "keyframe": keyframe,
                      "sha256": hashes, "stored_bytes": sizes}  # fmt: skip
@@ -241,8 +215,6 @@ class DeltaFileReceiver(FolderReceiver):
 
     def _rebuild(self, manifest: Manifest, version: int) -> list[np.ndarray]:
         """Every bucket of `version` as packed bytes, checked against its SHA-256."""
-        import zstandard
-
         chain = read_chain(self.root, version)
         base = chain.get("base")
         if base is not None and not (
@@ -264,22 +236,17 @@ class DeltaFileReceiver(FolderReceiver):
                 f"version {version} has {len(chain['sha256'])} buckets, the manifest {len(buckets)}"
             )
         out = []
-        decompressor = zstandard.ZstdDecompressor()
         for b, bucket in enumerate(buckets):
             path = version_dir(self.root, version) / bucket_file(b)
             try:
-                body = np.frombuffer(decompressor.decompress(path.read_bytes()), np.uint8)
-            except (OSError, zstandard.ZstdError) as e:
+                blob = path.read_bytes()
+            except OSError as e:
                 raise TransferError(f"reading bucket {b} of version {version}: {e}") from e
-            raw = unshuffle(body, _planes(manifest, bucket))
-            if bases is not None:
-                if len(bases[b]) != len(raw):
-                    raise TransferError(f"bucket {b} of version {version}: base size differs")
-                raw ^= bases[b]
-            if hashlib.sha256(raw.tobytes()).hexdigest() != chain["sha256"][b]:
-                raise TransferError(
-                    f"bucket {b} of version {version} rebuilt with the wrong SHA-256 (base "
-                    f"{base}): a corrupt file or a base the sender did not use; nothing loaded"
-                )
-            out.append(raw)
+            where = f"bucket {b} of version {version} (base {base})"
+            size = bucket_layout(manifest, bucket)[1]
+            base_raw = bases[b] if bases is not None else None
+            out.append(
+                decode_bucket(blob, base_raw, planes_of(manifest, bucket), size,
+                              chain["sha256"][b], where)
+            )  # fmt: skip
         return out

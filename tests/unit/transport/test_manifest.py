@@ -109,7 +109,8 @@ def test_sharded_manifest_round_trips_and_is_checked():
 def test_transport_modules_import_without_torch():
     code = (
         "import sys, transport.factory, transport.gloo, transport.file, "
-        "transport.nccl, transport.reshard; "
+        "transport.nccl, transport.reshard, transport.delta_stream, transport.delta_receiver, "
+        "transport.file_delta; "
         "bad = [m for m in ('torch', 'jax', 'vllm') if m in sys.modules]; "
         "assert not bad, bad"
     )

@@ -1,0 +1,60 @@
+"""Far engines fed by compressed deltas over rate-limited links (issue 26 item 5), through
+`benchmarks/far_engines.py` at its smallest size: a tiny Llama trained 3 steps on host
+``trainer`` of a cluster in a box, two far engines (processes on hosts behind 100 and 20
+Mbit/s, ``tc tbf``) pulling each version over the delta stream, then the same on unlimited
+links and the trainer alone. Real namespaces, processes and sockets; run under the heavy lock.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deploy.local.cluster_box import PREFIX, ClusterBoxError, check_support, remove_stale
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 3
+
+
+def test_two_far_engines_at_two_rates_are_served_deltas_with_bounded_lag():
+    """Every engine loads version 0 (a keyframe) and the last version; the deltas are smaller
+    than the keyframes (a tenth of the bf16 bytes or less); no version is refused; each lag
+    stays within the versions a run makes; the trainer never waits on a link (its hand-over is
+    a small part of its step); every namespace of the run is gone afterwards."""
+    try:
+        check_support(("ip", "unshare", "tc"))
+    except ClusterBoxError as err:
+        pytest.fail(f"the cluster in a box cannot run here: {err}")
+    argv = [sys.executable, str(REPO / "benchmarks" / "far_engines.py"), "--model", "tiny",
+            "--steps", str(STEPS), "--timeout-s", "120"]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+            remove_stale()
+    assert proc.returncode == 0, out[-4000:]
+    leftovers = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"{PREFIX}-p{proc.pid}-" not in leftovers
+    result = json.loads(out.strip().splitlines()[-1])
+    full = result["full_bf16_bytes"]
+    assert full == 1836288  # TINY in bf16: 918,144 params
+    for rate in ("unlimited", "100", "20"):
+        link = result["links"][rate]
+        assert link["refused"] == 0
+        assert 2 <= link["versions_loaded"] <= STEPS + 1  # version 0 and the last, at least
+        assert link["versions_loaded"] + link["versions_skipped"] == STEPS + 1
+        assert link["keyframe_bytes"] < full  # a keyframe compresses
+        assert link["delta_bytes"] is not None and link["delta_bytes"] < 0.25 * full
+        assert link["delta_bytes"] < 0.25 * link["keyframe_bytes"]
+        assert sum(link["lag"].values()) == STEPS and 1 <= link["lag_max"] <= STEPS
+    for run in ("far", "unlimited", "no_far"):
+        assert 0 <= result["runs"][run]["idle_fraction"] < 1
