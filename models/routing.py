@@ -3,7 +3,9 @@
 `forward_with_routing` runs the model once with every MoE layer recording its router logits
 and chosen experts (`models.moe.MoE.record`), and returns them stacked by layer beside the
 logits: the expert ids [B, T, L, k] are what routing replay needs (the engine's choices fed
-to the trainer's forward), the router logits feed `load_balancing_loss`.
+to the trainer's forward), the router logits feed `load_balancing_loss`;
+`hidden_with_routing` is the same for `Decoder.hidden` (the train step's forward, whose
+load-balancing loss is `loss.moe_aux_coef`).
 `forward_with_replay` runs the model with given expert ids (routing replay: the trainer
 routes each token as the engine did, so a near-tie in the router cannot send the trainer's
 token to other experts than the engine's).
@@ -12,6 +14,8 @@ token to other experts than the engine's).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -54,13 +58,52 @@ def forward_with_routing(
     Raises:
         ValueError: a dense model (no MoE layer), named.
     """
+    (logits, cache), record = _recording(model, lambda: model(tokens, positions, cache))
+    return logits, cache, record
+
+
+def hidden_with_routing(
+    model: Decoder, tokens: jax.Array, positions: jax.Array, **hidden_kwargs: Any
+) -> tuple[jax.Array, RouterRecord]:
+    """`model.hidden(tokens, positions, **hidden_kwargs)` (no cache: the train step's forward)
+    plus what its routers chose, for the load-balancing loss of the train step.
+
+    Args:
+        model: a Decoder of a mixture-of-experts config.
+        tokens, positions: int32 [B, T].
+        hidden_kwargs: `Decoder.hidden`'s keywords (attention_block, remat); the layers must
+            run in place (scan_layers False, remat "none": `models.scan.loop_blocks`), else
+            the routers' records are dropped.
+
+    Returns:
+        (hidden [B, T, D] in the compute dtype, RouterRecord).
+
+    Raises:
+        ValueError: a dense model, or scan_layers / a remat policy (the records would be lost).
+    """
+    if hidden_kwargs.get("scan_layers") or hidden_kwargs.get("remat", "none") != "none":
+        raise ValueError(
+            "the routers' records need the layers run in place: scan_layers=False, remat='none'"
+        )
+    (hidden, _), record = _recording(
+        model, lambda: model.hidden(tokens, positions, **hidden_kwargs)
+    )
+    return hidden, record
+
+
+def _recording(model: Decoder, run: Callable[[], Any]) -> tuple[Any, RouterRecord]:
+    """`run()` with every MoE layer of `model` recording, and the records stacked by layer.
+
+    Raises:
+        ValueError: a dense model (no MoE layer), named.
+    """
     moes = [block.mlp for block in model.layers if isinstance(block.mlp, MoE)]
     if not moes:
         raise ValueError(f"{model.cfg.family} has no mixture-of-experts layer to record")
     for moe in moes:
         moe.record = True
     try:
-        logits, cache = model(tokens, positions, cache)
+        out = run()
     finally:
         for moe in moes:
             moe.record = False
@@ -71,7 +114,7 @@ def forward_with_routing(
         router_logits=jnp.stack([v for _, v in sorted(recorded["router_logits"].items())], 2),
         expert_ids=jnp.stack([v for _, v in sorted(recorded["expert_ids"].items())], 2),
     )
-    return logits, cache, record
+    return out, record
 
 
 def forward_with_replay(

@@ -1,4 +1,4 @@
-"""The jitted RL train step on a ("dp", "fsdp", "tp") mesh, with gradient accumulation.
+"""The jitted RL train step on a ("dp", "fsdp", "ep", "tp") mesh, with gradient accumulation.
 
 Legend: B rows of the batch, L padded length, D model width, V vocabulary, k micro-batches,
 M = B / k rows per micro-batch.
@@ -32,13 +32,14 @@ from jax.sharding import PartitionSpec as P
 from models.decoder import Decoder
 from models.params import flat_params, param_axes, path_str
 from models.scan import remat_policy
-from models.sharding import check_tp, host_value, param_sharding, put
+from models.sharding import check_ep, check_tp, host_value, param_sharding, put
 from trainer.batch import BATCH_AXES, RLBatch, shard_batch
 from trainer.gap import GAP_SETS, gap_metrics
 from trainer.global_batch import share_batch
 from trainer.logprobs import fused_target_logprobs
 from trainer.losses.base import PolicyLoss
 from trainer.losses.corrections import CORRECTION_METRICS
+from trainer.moe_aux import check_moe_aux, hidden_with_moe_aux
 
 Params = dict[str, jax.Array]
 
@@ -117,7 +118,7 @@ class TrainStep:
       loss: a loss from `trainer.losses.make_loss`.
       tx: the optax transformation (build it with ``grad_accum_steps=1``: accumulation happens
         here, inside one call).
-      mesh: a ("dp", "fsdp", "tp") mesh (`models.sharding.make_mesh`).
+      mesh: a ("dp", "fsdp", "ep", "tp") mesh (`models.sharding.make_mesh`).
       temperature: the engines' sampling temperature (> 0); log-probs are computed under it.
       top_k, top_p: the engines' sampling truncation (0 and 1: off); log-probs are taken under
         the truncated, renormalised distribution (`trainer.truncation`).
@@ -130,6 +131,8 @@ class TrainStep:
         (`models.scan`); False: a Python loop over the layers. Same values either way.
       remat: the per-layer remat policy, a `models.scan.REMAT_POLICIES` name ("none": keep
         every activation for the backward pass).
+      moe_aux_coef: weight of the load-balancing loss of a mixture-of-experts model
+        (`trainer.moe_aux`); 0 (default): off, the routers are not recorded.
 
     Precision: the params (master weights) and the optimizer state keep the model's
     ``param_dtype``; the forward casts each weight to ``cfg.dtype`` where it is used, so
@@ -142,7 +145,8 @@ class TrainStep:
     A loss with ``kl_coef > 0`` needs a frozen reference policy: call `set_reference` first.
 
     Raises:
-      MeshError: the mesh's "tp" does not divide the model's heads or KV heads.
+      MeshError: the mesh's "tp" does not divide the model's heads or KV heads, or its "ep"
+        is above 1 on a dense model or does not divide num_experts.
       ValueError: a bad setting above (named), or a param dim its mesh axes do not split.
     """
 
@@ -162,8 +166,10 @@ class TrainStep:
         attention_block: int = 0,
         scan_layers: bool = False,
         remat: str = "none",
+        moe_aux_coef: float = 0.0,
     ):
         remat_policy(remat)  # raises on an unknown name
+        check_moe_aux(model.cfg, moe_aux_coef, scan_layers=scan_layers, remat=remat)
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0; got {temperature}")
         if micro_batches < 1:
@@ -173,6 +179,7 @@ class TrainStep:
         if top_k < 0 or not 0 < top_p <= 1:
             raise ValueError(f"need top_k >= 0 and 0 < top_p <= 1; got {top_k}, {top_p}")
         check_tp(model.cfg, mesh.shape.get("tp", 1))
+        check_ep(model.cfg, mesh.shape.get("ep", 1))
         self.template = ModelTemplate(model)
         self.loss = loss
         self.tx = tx
@@ -186,6 +193,7 @@ class TrainStep:
         self.min_shard_bytes = int(min_shard_bytes)
         self.scan_layers = bool(scan_layers)
         self.remat = remat
+        self.moe_aux_coef = float(moe_aux_coef)
         self._abstract = {
             k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in flat_params(model).items()
         }
@@ -297,16 +305,29 @@ class TrainStep:
 
     def _logprobs(self, params: Params, mb: RLBatch) -> jax.Array:
         """[M, L] float32 log-probs of the micro-batch's targets at the sampling temperature."""
+        return self._policy_logprobs(params, mb, aux=False)[0]
+
+    def _policy_logprobs(
+        self, params: Params, mb: RLBatch, aux: bool
+    ) -> tuple[jax.Array, jax.Array]:
+        """([M, L] float32 log-probs of the targets, [] float32 load-balancing loss over the
+        micro-batch's loss-mask tokens, `trainer.moe_aux`; 0 unless `aux` and moe_aux_coef)."""
         model = self.template.merge(params)
         tokens, positions = jnp.asarray(mb.tokens), jnp.asarray(mb.positions)
-        hidden, _ = model.hidden(
-            tokens,
-            positions,
-            attention_block=self.attention_block,
-            scan_layers=self.scan_layers,
-            remat=self.remat,
-        )  # [M, L, D] in the compute dtype; the log-probs below are float32
-        return fused_target_logprobs(
+        block = self.attention_block
+        if aux and self.moe_aux_coef > 0:
+            mask = jnp.asarray(mb.loss_mask)
+            hidden, aux_loss = hidden_with_moe_aux(model, tokens, positions, mask, block)
+        else:
+            hidden, _ = model.hidden(
+                tokens,
+                positions,
+                attention_block=block,
+                scan_layers=self.scan_layers,
+                remat=self.remat,
+            )  # [M, L, D] in the compute dtype; the log-probs below are float32
+            aux_loss = jnp.zeros((), jnp.float32)
+        logp = fused_target_logprobs(
             hidden,
             model.lm_head_weight(),
             jnp.asarray(mb.targets),
@@ -316,12 +337,20 @@ class TrainStep:
             top_k=self.top_k,
             top_p=self.top_p,
         )
+        return logp, aux_loss
 
-    def _loss(self, params: Params, mb: RLBatch, normalizer: jax.Array, ref: Params | None):
-        logp = self._logprobs(params, mb)
+    def _loss(
+        self, params: Params, mb: RLBatch, normalizer: jax.Array, ref: Params | None, total: Any
+    ):
+        """The micro-batch's loss: the policy loss, plus with moe_aux_coef its load-balancing
+        loss weighted by its share of the batch's `total` loss-mask tokens (so the k shares sum
+        to the token-weighted mean over micro-batches, the whole batch's at k = 1)."""
+        logp, aux = self._policy_logprobs(params, mb, aux=True)
         ref_logp = None if ref is None else jax.lax.stop_gradient(self._logprobs(ref, mb))
         out = self.loss(mb.loss_inputs(logp, ref_logprobs=ref_logp, normalizer=normalizer))
-        return out.loss, (out.metrics, jax.lax.stop_gradient(logp))
+        share = jnp.sum(jnp.asarray(mb.loss_mask, jnp.float32)) / total
+        metrics = dict(out.metrics, moe_aux_loss=aux * share)
+        return out.loss + self.moe_aux_coef * aux * share, (metrics, jax.lax.stop_gradient(logp))
 
     def _split(self, x: jax.Array) -> jax.Array:
         """[B, ...] -> [k, M, ...], micro-batch j holding rows {i * k + j}."""
@@ -333,12 +362,13 @@ class TrainStep:
 
     def _step(self, state: TrainState, batch: RLBatch, ref: Params | None):
         normalizer = full_batch_normalizer(self.loss, jnp.asarray(batch.loss_mask))
+        total = jnp.maximum(jnp.sum(jnp.asarray(batch.loss_mask, jnp.float32)), 1.0)
         grad_fn = jax.value_and_grad(self._loss, has_aux=True)
         micro = jax.tree.map(self._split, batch)
 
         def body(acc, mb):
             grads, totals = acc
-            (loss, (m, logp)), g = grad_fn(state.params, mb, normalizer, ref)
+            (loss, (m, logp)), g = grad_fn(state.params, mb, normalizer, ref, total)
             n = m["num_tokens"]
             grads = jax.tree.map(jnp.add, grads, g)
             totals = {
@@ -355,6 +385,7 @@ class TrainStep:
 
         zeros = jax.tree.map(jnp.zeros_like, state.params)
         extra = CORRECTION_METRICS if self.loss.correction is not None else ()
+        extra += ("moe_aux_loss",) if self.moe_aux_coef > 0 else ()
         names: tuple[str, ...] = ("loss", "pg_loss", "num_tokens", "clip_fraction", "ratio_mean")
         names += ("kl", "sampler_kl", *extra)
         init = (zeros, {k: jnp.zeros((), jnp.float32) for k in names})

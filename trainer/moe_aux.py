@@ -1,0 +1,68 @@
+"""The load-balancing auxiliary loss of a mixture-of-experts policy in the train step
+(`loss.moe_aux_coef`).
+
+The term is Switch Transformer's (Fedus et al. 2021, arXiv:2101.03961, eqs. 4-6) in the form
+HF transformers adds with `router_aux_loss_coef` (`models.routing.load_balancing_loss`:
+E · Σ_e f_e · P_e over every layer's router), counted over the completion tokens the policy
+loss counts (the batch's loss mask), so prompt and padding tokens do not pull the routers.
+The train step adds `moe_aux_coef` times it to the policy loss and reports it as
+``moe_aux_loss`` (``train/moe_aux_loss`` in metrics.jsonl).
+"""
+
+from __future__ import annotations
+
+import jax
+
+from models.config import ModelConfig
+from models.decoder import Decoder
+from models.routing import hidden_with_routing, load_balancing_loss
+
+
+def check_moe_aux(cfg: ModelConfig, coef: float, *, scan_layers: bool, remat: str) -> None:
+    """Holds a load-balancing coefficient against the model and the train step's forward.
+
+    Raises:
+        ValueError: coef < 0; coef > 0 on a dense model (no router to balance); coef > 0 with
+            scan_layers or a remat policy (the routers' records need the layers run in place,
+            `models.scan.loop_blocks`). Each message names the setting.
+    """
+    if coef < 0:
+        raise ValueError(f"loss.moe_aux_coef must be >= 0; got {coef}")
+    if coef == 0:
+        return
+    if not cfg.num_experts:
+        raise ValueError(
+            f"loss.moe_aux_coef={coef} needs a mixture-of-experts model; {cfg.family} is dense "
+            "(num_experts=0): set it to 0"
+        )
+    if scan_layers or remat != "none":
+        raise ValueError(
+            f"loss.moe_aux_coef={coef} needs model.scan_layers=false and model.remat=none "
+            f"(got {scan_layers}, {remat!r}): the routers' logits are recorded in place"
+        )
+
+
+def hidden_with_moe_aux(
+    model: Decoder,
+    tokens: jax.Array,
+    positions: jax.Array,
+    loss_mask: jax.Array,
+    attention_block: int = 0,
+) -> tuple[jax.Array, jax.Array]:
+    """The train step's forward of a mixture-of-experts model and its load-balancing loss.
+
+    Args:
+        model: a mixture-of-experts Decoder.
+        tokens, positions: int32 [M, L].
+        loss_mask: [M, L] bool or 0/1, the tokens whose routing is counted (completion tokens).
+        attention_block: as `Decoder.hidden`.
+
+    Returns:
+        (hidden [M, L, D] in the compute dtype, [] float32 load-balancing loss).
+
+    Raises:
+        ValueError: a dense model (`models.routing.hidden_with_routing`).
+    """
+    hidden, record = hidden_with_routing(model, tokens, positions, attention_block=attention_block)
+    aux = load_balancing_loss(record.router_logits, model.cfg.num_experts_per_tok, loss_mask)
+    return hidden, aux
