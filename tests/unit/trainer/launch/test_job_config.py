@@ -13,7 +13,7 @@ from trainer.config import ConfigError
 from trainer.launch.job_config import load_job_config
 
 REPO = Path(__file__).resolve().parents[4]
-CONFIGS = ["smoke.yaml", "smollm2_arith.yaml", "smollm2_gsm8k.yaml"]
+CONFIGS = ["smoke.yaml", "smoke_moe.yaml", "smollm2_arith.yaml", "smollm2_gsm8k.yaml"]
 
 
 @pytest.mark.parametrize("name", CONFIGS)
