@@ -1,5 +1,5 @@
 """Logical axes: the one table from a param's or activation's named axes to the train mesh's
-axes ("dp", "fsdp", "tp") and to the engine's tensor-parallel shard kind.
+axes ("dp", "fsdp", "ep", "tp") and to the engine's tensor-parallel shard kind.
 
 Every param of the decoder declares its logical axes once, where it is created, as flax NNX's
 own `out_sharding` metadata (`param`); placement (`models.sharding.param_sharding`), the
@@ -9,7 +9,17 @@ dimension. The scheme is MaxText's logical axis rules (a logical name -> mesh ax
 unused one wins, flax's `logical_to_mesh_axes`) with Megatron-LM's tensor parallelism
 (Shoeybi et al. 2019, arXiv:1909.08053): attention heads, KV heads, the MLP width and the
 vocab over "tp"; the model width `embed` of every param over "fsdp" (ZeRO-3, Rajbhandari et
-al. 2020); the batch over ("dp", "fsdp").
+al. 2020); the batch over ("dp", "fsdp", "ep").
+
+Expert parallelism (GShard, Lepikhin et al. 2020, arXiv:2006.16668; DeepSpeed-MoE, Rajbhandari
+et al. 2022): the stacked `experts` axis of every expert param (and the router's output) is
+split over its own mesh axis "ep", and the batch's rows are split over "ep" too, so an "ep"
+group is data-parallel for every non-expert param and holds E / ep whole experts. A separate
+axis rather than experts over "fsdp" (MaxText's and torchtitan's alternative) because then an
+expert param keeps its `embed` split over "fsdp" as well (ZeRO-3 within an expert group) and
+ep can be chosen apart from fsdp (ep must divide E; fsdp need not). With Auto mesh axes XLA's
+SPMD partitioner inserts the token exchange the dispatch needs; the result is the one-device
+result (tests/unit/trainer/step/test_ep_step.py).
 
 Param axes (kernels are [inputs..., outputs...]):
     embed     D, the model width of a param (sharded over fsdp)
@@ -17,7 +27,8 @@ Param axes (kernels are [inputs..., outputs...]):
     mlp       F, the MLP width;  vocab  V, the vocabulary
     norm      D of a norm scale: over fsdp like every param's width (ZeRO-3 shards every
               param), never over tp (every TP rank needs it whole: shard kind "replicated")
-    layers, experts: reserved (stacked layers, mixture of experts); map to nothing yet.
+    experts   E, the stacked experts of a mixture-of-experts param (sharded over ep)
+    layers: reserved (stacked layers); maps to nothing yet.
 Activation axes: batch (B rows), length (T), act_embed (D of an activation: replicated over
 tp, as Megatron keeps it between the column- and the row-parallel matmul), and heads,
 kv_heads, head_dim, mlp, vocab as for params.
@@ -36,11 +47,11 @@ from jax.sharding import NamedSharding, PartitionSpec
 from mappings.shards import ShardKind
 
 #: The train mesh's axes, outermost first.
-MESH_AXES: tuple[str, str, str] = ("dp", "fsdp", "tp")
+MESH_AXES: tuple[str, str, str, str] = ("dp", "fsdp", "ep", "tp")
 
 #: Logical axis -> mesh axis (or axes, or None: replicated). MaxText-style rules; the one table.
 LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
-    ("batch", ("dp", "fsdp")),
+    ("batch", ("dp", "fsdp", "ep")),
     ("length", None),
     ("act_embed", None),
     ("embed", "fsdp"),
@@ -51,7 +62,7 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("head_dim", None),
     ("norm", "fsdp"),
     ("layers", None),
-    ("experts", None),
+    ("experts", "ep"),
 )
 #: Every logical axis a param may declare.
 PARAM_AXES: frozenset[str] = frozenset(

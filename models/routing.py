@@ -3,7 +3,8 @@
 `forward_with_routing` runs the model once with every MoE layer recording its router logits
 and chosen experts (`models.moe.MoE.record`), and returns them stacked by layer beside the
 logits: the expert ids [B, T, L, k] are what routing replay needs (the engine's choices fed
-to the trainer's forward), the router logits feed `load_balancing_loss`.
+to the trainer's forward), the router logits feed `load_balancing_loss` (the train step's
+``loss.moe_aux_coef``).
 `forward_with_replay` runs the model with given expert ids (routing replay: the trainer
 routes each token as the engine did, so a near-tie in the router cannot send the trainer's
 token to other experts than the engine's). `hidden_with_routing` does both at once on the

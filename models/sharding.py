@@ -1,11 +1,12 @@
 """Train-mesh construction and the placement of params by their logical axes.
 
-The mesh has axes ("dp", "fsdp", "tp") over the devices of every trainer process (one global
+The mesh has axes ("dp", "fsdp", "ep", "tp") over the devices of every trainer process (one global
 mesh under `jax.distributed`: `mesh_devices`, then `make_mesh`). Each param is placed by the
 logical axes it declared (`models.axes`) through the one rules table
 `models.axes.LOGICAL_AXIS_RULES`: the model width `embed` over "fsdp" (ZeRO-3 style,
 Rajbhandari et al. 2020), heads / kv_heads / mlp / vocab over "tp" (Megatron-LM, Shoeybi et
-al. 2019), everything replicated over "dp". Norm scales declare the axis `norm`: split over
+al. 2019), the stacked experts of a mixture-of-experts param over "ep" (expert parallelism,
+`models.axes`), everything replicated over "dp". Norm scales declare the axis `norm`: split over
 "fsdp" like every param, never over "tp"; small params (every norm scale and bias of a real
 model under the default 64 KiB `min_bytes`) are replicated on every device.
 """
@@ -24,7 +25,7 @@ from models.axes import MESH_AXES, logical_spec
 from models.config import ModelConfig
 
 #: The mesh axes the batch's rows are split over.
-DATA_AXES = ("dp", "fsdp")
+DATA_AXES = ("dp", "fsdp", "ep")
 
 
 class MeshError(ValueError):
@@ -59,32 +60,39 @@ def make_mesh(
     devices: Sequence[jax.Device] | None = None,
     *,
     tp: int = 1,
+    ep: int = 1,
 ) -> Mesh:
-    """A ("dp", "fsdp", "tp") mesh over `devices` (default: all, of every process), the
+    """A ("dp", "fsdp", "ep", "tp") mesh over `devices` (default: all, of every process), the
     devices in order with "tp" innermost (a TP group is consecutive devices, one process's
-    where it can be); fsdp=-1 takes what dp and tp leave.
+    where it can be), then "ep"; fsdp=-1 takes what dp, ep and tp leave.
 
     Axis types are Auto, so matmuls that contract over a sharded axis compile.
 
     Raises:
-        MeshError: dp · tp does not divide the devices (fsdp=-1), or dp · fsdp · tp differs
-            from the number of devices; the message names the numbers.
+        MeshError: an axis size below 1, dp · ep · tp does not divide the devices (fsdp=-1),
+            or dp · fsdp · ep · tp differs from the number of devices; the message names the
+            numbers. (With ep = 1 the messages are the dp · tp ones.)
     """
     devs = list(devices if devices is not None else jax.devices())
-    if tp < 1 or dp < 1:
-        raise MeshError(f"dp and tp must be >= 1; got dp={dp}, tp={tp}")
+    if tp < 1 or dp < 1 or ep < 1:
+        raise MeshError(f"dp, ep and tp must be >= 1; got dp={dp}, ep={ep}, tp={tp}")
     if fsdp == -1:
-        if len(devs) % (dp * tp):
-            raise MeshError(
-                f"dp·tp = {dp}·{tp} = {dp * tp} does not divide the {len(devs)} devices"
-            )
-        fsdp = len(devs) // (dp * tp)
-    if dp * fsdp * tp != len(devs):
-        raise MeshError(
-            f"dp·fsdp·tp = {dp}·{fsdp}·{tp} = {dp * fsdp * tp}, but there are {len(devs)} devices"
-        )
-    grid = np.array(devs, dtype=object).reshape(dp, fsdp, tp)
+        if len(devs) % (dp * ep * tp):
+            named = _product({"dp": dp, "ep": ep, "tp": tp})
+            raise MeshError(f"{named} does not divide the {len(devs)} devices")
+        fsdp = len(devs) // (dp * ep * tp)
+    if dp * fsdp * ep * tp != len(devs):
+        named = _product({"dp": dp, "fsdp": fsdp, "ep": ep, "tp": tp})
+        raise MeshError(f"{named}, but there are {len(devs)} devices")
+    grid = np.array(devs, dtype=object).reshape(dp, fsdp, ep, tp)
     return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def _product(sizes: dict[str, int]) -> str:
+    """ "dp·tp = 1·3 = 3": the axes and sizes of a mesh product for an error message ("ep"
+    left out at 1, so a mesh without expert parallelism reads as before)."""
+    shown = {k: v for k, v in sizes.items() if k != "ep" or v > 1}
+    return f"{'·'.join(shown)} = {'·'.join(map(str, shown.values()))} = {math.prod(sizes.values())}"
 
 
 def check_tp(cfg: ModelConfig, tp: int) -> None:
@@ -97,6 +105,27 @@ def check_tp(cfg: ModelConfig, tp: int) -> None:
     for what, n in (("num_heads", cfg.num_heads), ("num_kv_heads", cfg.num_kv_heads)):
         if n % tp:
             raise MeshError(f"trainer.tp={tp} does not divide the model's {what}={n}")
+
+
+def check_ep(cfg: ModelConfig, ep: int) -> None:
+    """Holds a model against an expert-parallel degree: "ep" splits the stacked experts
+    (`models.axes.LOGICAL_AXIS_RULES`), so the model must be a mixture of experts and `ep`
+    must divide its num_experts.
+
+    Raises:
+        MeshError: ep > 1 on a dense model, or `ep` does not divide num_experts (names them).
+    """
+    if ep == 1:
+        return
+    if not cfg.num_experts:
+        raise MeshError(
+            f"trainer.ep={ep} needs a mixture-of-experts model; {cfg.family} is dense "
+            "(num_experts=0)"
+        )
+    if cfg.num_experts % ep:
+        raise MeshError(
+            f"trainer.ep={ep} does not divide the model's num_experts={cfg.num_experts}"
+        )
 
 
 def param_sharding(

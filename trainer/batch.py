@@ -44,7 +44,7 @@ from trainer.rollouts import RolloutGroup
 if TYPE_CHECKING:
     from gateway.messages import Completion
 
-BATCH_AXES: tuple[str, ...] = tuple(DATA_AXES)  # ("dp", "fsdp"), from models.sharding
+BATCH_AXES: tuple[str, ...] = tuple(DATA_AXES)  # ("dp", "fsdp", "ep"), from models.sharding
 NO_VERSION = -1
 """`RLBatch.token_versions` at positions whose target is no completion token (prompt, pad)."""
 NO_ROUTE = -1
@@ -309,7 +309,7 @@ def batch_sharding(mesh: Mesh, ndim: int, axes: Sequence[str] = BATCH_AXES) -> N
 
 
 def shard_batch(batch: RLBatch, mesh: Mesh, axes: Sequence[str] = BATCH_AXES) -> RLBatch:
-    """Put every array of `batch` on `mesh`, split along B over ``('dp', 'fsdp')``.
+    """Put every array of `batch` on `mesh`, split along B over ``('dp', 'fsdp', 'ep')``.
 
     Other mesh axes (e.g. 'cp', 'tp') hold replicas. With several processes, every process
     passes the same whole batch (`trainer.global_batch.share_batch`) and puts only the rows its

@@ -44,7 +44,8 @@ def optimizer_config(cfg: Config) -> OptimizerConfig:
 def train_step_from_config(cfg: Config, model: Decoder, mesh: Mesh) -> TrainStep:
     """The compiled `TrainStep` of `model` on `mesh` as `cfg` describes it: the loss, AdamW,
     the sampling temperature and truncation (top-k, top-p), micro-batches, log-prob chunk size,
-    attention block, FSDP threshold, scanned layers, remat and routing replay; with a KL term
+    attention block, FSDP threshold, scanned layers, remat, routing replay and the MoE
+    load-balancing coefficient; with a KL term
     (``loss.kl_coef > 0``) `model`, as it is now, becomes the frozen reference."""
     step = TrainStep(
         model,
@@ -61,6 +62,7 @@ def train_step_from_config(cfg: Config, model: Decoder, mesh: Mesh) -> TrainStep
         scan_layers=cfg.model.scan_layers,
         remat=cfg.model.remat,
         routing_replay=cfg.loss.routing_replay == "engine",
+        moe_aux_coef=cfg.loss.moe_aux_coef,
     )
     if cfg.loss.kl_coef > 0:
         step.set_reference(model)

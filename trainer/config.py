@@ -71,11 +71,15 @@ class TrainerSection(_Section):
     """Data-parallel axis size of the train mesh."""
     fsdp: int = Field(default=-1, ge=-1)
     """FSDP axis size (the model width `embed` of every param is split over it); -1 takes
-    every device dp and tp leave."""
+    every device dp, ep and tp leave."""
     tp: int = Field(default=1, ge=1)
     """Tensor-parallel axis size of the train mesh (Megatron-style: query heads, KV heads,
     the MLP width and the vocab split over it; `models.axes`); must divide the model's heads
     and KV heads and, with dp, the trainer's devices."""
+    ep: int = Field(default=1, ge=1)
+    """Expert-parallel axis size of the train mesh: the stacked experts of a mixture-of-experts
+    model split over it and the batch's rows too (`models.axes`); must divide the model's
+    num_experts and, with dp and tp, the trainer's devices; 1 on a dense model."""
     min_shard_bytes: int = Field(default=1 << 16, ge=0)
     """Params smaller than this (bytes) are replicated instead of sharded by their logical
     axes."""
@@ -118,6 +122,11 @@ class LossSection(_Section):
     """Weight of the k3 KL term to a reference model (0: none, no reference kept)."""
     aggregation: Aggregation | None = None
     """Token aggregation for grpo and cispo; None: the loss's default."""
+    moe_aux_coef: float = Field(default=0.0, ge=0)
+    """Weight of the load-balancing auxiliary loss of a mixture-of-experts model (Switch
+    Transformer's, HF's `router_aux_loss_coef` form; `trainer.moe_aux`) added to the policy
+    loss over completion tokens and reported as train/moe_aux_loss; 0: off. Refused on a dense
+    model and with model.scan_layers or model.remat."""
     correction: Literal["none", "tis_token", "tis_sequence", "icepop", "decoupled_ppo"] = "none"
     """Off-policy correction applied to the loss (trainer.losses.corrections): truncated
     importance sampling per token or sequence (Yao et al. 2025), IcePop's masking, or AReaL's

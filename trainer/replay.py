@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from models.config import ModelConfig
 from models.decoder import Decoder
 from models.moe import route
-from models.routing import hidden_with_routing
+from models.routing import RouterRecord, hidden_with_routing
 
 #: Token sums the step accumulates over micro-batches: pairs whose expert sets agree, pairs.
 ROUTE_SUMS = ("routing/agree", "routing/pairs")
@@ -59,31 +59,37 @@ def hidden_with_routes(
     model: Decoder,
     tokens: jax.Array,
     positions: jax.Array,
-    routes: jax.Array,
+    routes: jax.Array | None,
     mask: jax.Array,
     *,
     replay: bool,
     attention_block: int = 0,
-) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The train step's forward when the batch carries routes.
+) -> tuple[jax.Array, dict[str, jax.Array], RouterRecord]:
+    """The train step's forward with the routers recorded: for a batch with routes (replayed
+    or compared), and for the load-balancing loss (`trainer.moe_aux`).
 
     Args:
         model: a mixture-of-experts Decoder. tokens, positions: int32 [B, L].
-        routes: int32 [B, L, N, k], -1 where none (`RLBatch.routes`). mask: [B, L] loss mask.
+        routes: int32 [B, L, N, k], -1 where none (`RLBatch.routes`), or None (no routes: the
+            trainer's own routers, no agreement counted). mask: [B, L] loss mask.
         replay: route tokens with a route as the engine did (else the trainer's own routers).
         attention_block: as `Decoder.hidden`.
 
     Returns:
-        (hidden [B, L, D] in the compute dtype, the `routing_agreement` sums).
+        (hidden [B, L, D] in the compute dtype, the `routing_agreement` sums ({} without
+        routes), the routers' record: router logits [B, L, N, E] float32, expert ids).
 
     Raises:
         ValueError: a dense model, or routes not of shape [B, L, N, k]
             (`models.routing.hidden_with_routing`).
     """
+    replayed = routes if replay and routes is not None else None
     hidden, _, record = hidden_with_routing(
-        model, tokens, positions, routes if replay else None, attention_block=attention_block
+        model, tokens, positions, replayed, attention_block=attention_block
     )
-    if not replay and tuple(routes.shape[2:]) != tuple(record.expert_ids.shape[2:]):
+    if routes is None:
+        return hidden, {}, record
+    if replayed is None and tuple(routes.shape[2:]) != tuple(record.expert_ids.shape[2:]):
         raise ValueError(
             f"routes must have [layers, k] = {tuple(record.expert_ids.shape[2:])}, got "
             f"{tuple(routes.shape[2:])}"
@@ -91,7 +97,7 @@ def hidden_with_routes(
     stats = routing_agreement(
         jax.lax.stop_gradient(record.router_logits), routes, mask, model.cfg.norm_topk_prob
     )
-    return hidden, stats
+    return hidden, stats, record
 
 
 def check_routing_replay(cfg: ModelConfig, replay: bool, scan_layers: bool, remat: str) -> None:

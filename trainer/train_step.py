@@ -1,4 +1,4 @@
-"""The jitted RL train step on a ("dp", "fsdp", "tp") mesh, with gradient accumulation.
+"""The jitted RL train step on a ("dp", "fsdp", "ep", "tp") mesh, with gradient accumulation.
 
 Legend: B rows of the batch, L padded length, D model width, V vocabulary, k micro-batches,
 M = B / k rows per micro-batch.
@@ -32,13 +32,14 @@ from jax.sharding import PartitionSpec as P
 from models.decoder import Decoder
 from models.params import flat_params, param_axes, path_str
 from models.scan import remat_policy
-from models.sharding import check_tp, host_value, param_sharding, put
+from models.sharding import check_ep, check_tp, host_value, param_sharding, put
 from trainer.batch import BATCH_AXES, RLBatch, shard_batch
 from trainer.gap import GAP_SETS, gap_metrics
 from trainer.global_batch import share_batch
 from trainer.logprobs import fused_target_logprobs
 from trainer.losses.base import PolicyLoss
 from trainer.losses.corrections import CORRECTION_METRICS
+from trainer.moe_aux import check_moe_aux, moe_aux_loss
 from trainer.replay import ROUTE_SUMS, check_routing_replay, hidden_with_routes
 
 Params = dict[str, jax.Array]
@@ -118,7 +119,7 @@ class TrainStep:
       loss: a loss from `trainer.losses.make_loss`.
       tx: the optax transformation (build it with ``grad_accum_steps=1``: accumulation happens
         here, inside one call).
-      mesh: a ("dp", "fsdp", "tp") mesh (`models.sharding.make_mesh`).
+      mesh: a ("dp", "fsdp", "ep", "tp") mesh (`models.sharding.make_mesh`).
       temperature: the engines' sampling temperature (> 0); log-probs are computed under it.
       top_k, top_p: the engines' sampling truncation (0 and 1: off); log-probs are taken under
         the truncated, renormalised distribution (`trainer.truncation`).
@@ -134,6 +135,8 @@ class TrainStep:
       routing_replay: a batch's MoE routes (`RLBatch.routes`) route the forward's tokens as
         the engine did (`trainer.replay`); False: the trainer's own routers. A batch with
         routes reports ``routing_agreement`` either way.
+      moe_aux_coef: weight of the load-balancing loss of a mixture-of-experts model
+        (`trainer.moe_aux`); 0 (default): off, the routers are not recorded.
 
     Precision: the params (master weights) and the optimizer state keep the model's
     ``param_dtype``; the forward casts each weight to ``cfg.dtype`` where it is used, so
@@ -146,7 +149,8 @@ class TrainStep:
     A loss with ``kl_coef > 0`` needs a frozen reference policy: call `set_reference` first.
 
     Raises:
-      MeshError: the mesh's "tp" does not divide the model's heads or KV heads.
+      MeshError: the mesh's "tp" does not divide the model's heads or KV heads, or its "ep"
+        is above 1 on a dense model or does not divide num_experts.
       ValueError: a bad setting above (named), or a param dim its mesh axes do not split.
     """
 
@@ -167,9 +171,11 @@ class TrainStep:
         scan_layers: bool = False,
         remat: str = "none",
         routing_replay: bool = False,
+        moe_aux_coef: float = 0.0,
     ):
         remat_policy(remat)  # raises on an unknown name
         check_routing_replay(model.cfg, routing_replay, scan_layers, remat)
+        check_moe_aux(model.cfg, moe_aux_coef, scan_layers=scan_layers, remat=remat)
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0; got {temperature}")
         if micro_batches < 1:
@@ -179,6 +185,7 @@ class TrainStep:
         if top_k < 0 or not 0 < top_p <= 1:
             raise ValueError(f"need top_k >= 0 and 0 < top_p <= 1; got {top_k}, {top_p}")
         check_tp(model.cfg, mesh.shape.get("tp", 1))
+        check_ep(model.cfg, mesh.shape.get("ep", 1))
         self.template = ModelTemplate(model)
         self.loss = loss
         self.tx = tx
@@ -193,6 +200,7 @@ class TrainStep:
         self.scan_layers = bool(scan_layers)
         self.remat = remat
         self.routing_replay = bool(routing_replay)
+        self.moe_aux_coef = float(moe_aux_coef)
         self._abstract = {
             k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in flat_params(model).items()
         }
@@ -309,17 +317,29 @@ class TrainStep:
         """[M, L] float32 log-probs of the micro-batch's targets at the sampling temperature."""
         return self._forward(params, mb)[0]
 
-    def _forward(self, params: Params, mb: RLBatch) -> tuple[jax.Array, dict[str, jax.Array]]:
-        """`_logprobs` and, for a micro-batch with routes, the routing agreement sums of
-        `trainer.replay` (its forward replays the routes when `routing_replay`)."""
+    def _forward(
+        self, params: Params, mb: RLBatch, aux: bool = False
+    ) -> tuple[jax.Array, dict[str, jax.Array], jax.Array]:
+        """The forward of the micro-batch: ([M, L] float32 log-probs of the targets at the
+        sampling temperature, the routing agreement sums of `trainer.replay` for a micro-batch
+        with routes ({} otherwise; its forward replays them when `routing_replay`), [] float32
+        load-balancing loss over the loss-mask tokens, `trainer.moe_aux`, 0 unless `aux` and
+        moe_aux_coef). The routers are recorded (layers run in place) only when either needs
+        them."""
         model = self.template.merge(params)
         tokens, positions = jnp.asarray(mb.tokens), jnp.asarray(mb.positions)
         routing: dict[str, jax.Array] = {}
-        if mb.routes is not None:  # MoE routes from the engine: replay and / or agreement
-            hidden, routing = hidden_with_routes(
-                model, tokens, positions, jnp.asarray(mb.routes), jnp.asarray(mb.loss_mask),
+        aux_loss = jnp.zeros((), jnp.float32)
+        with_aux = aux and self.moe_aux_coef > 0
+        if mb.routes is not None or with_aux:  # the routers recorded: replay, agreement, aux
+            mask = jnp.asarray(mb.loss_mask)
+            routes = None if mb.routes is None else jnp.asarray(mb.routes)
+            hidden, routing, record = hidden_with_routes(
+                model, tokens, positions, routes, mask,
                 replay=self.routing_replay, attention_block=self.attention_block,
             )  # fmt: skip
+            if with_aux:
+                aux_loss = moe_aux_loss(model.cfg, record.router_logits, mask)
         else:
             hidden, _ = model.hidden(
                 tokens,
@@ -338,13 +358,20 @@ class TrainStep:
             top_k=self.top_k,
             top_p=self.top_p,
         )
-        return logp, routing
+        return logp, routing, aux_loss
 
-    def _loss(self, params: Params, mb: RLBatch, normalizer: jax.Array, ref: Params | None):
-        logp, routing = self._forward(params, mb)
+    def _loss(
+        self, params: Params, mb: RLBatch, normalizer: jax.Array, ref: Params | None, total: Any
+    ):
+        """The micro-batch's loss: the policy loss, plus with moe_aux_coef its load-balancing
+        loss weighted by its share of the batch's `total` loss-mask tokens (so the k shares sum
+        to the token-weighted mean over micro-batches, the whole batch's at k = 1)."""
+        logp, routing, aux = self._forward(params, mb, aux=True)
         ref_logp = None if ref is None else jax.lax.stop_gradient(self._logprobs(ref, mb))
         out = self.loss(mb.loss_inputs(logp, ref_logprobs=ref_logp, normalizer=normalizer))
-        return out.loss, ({**out.metrics, **routing}, jax.lax.stop_gradient(logp))
+        share = jnp.sum(jnp.asarray(mb.loss_mask, jnp.float32)) / total
+        metrics = {**out.metrics, **routing, "moe_aux_loss": aux * share}
+        return out.loss + self.moe_aux_coef * aux * share, (metrics, jax.lax.stop_gradient(logp))
 
     def _split(self, x: jax.Array) -> jax.Array:
         """[B, ...] -> [k, M, ...], micro-batch j holding rows {i * k + j}."""
@@ -356,12 +383,13 @@ class TrainStep:
 
     def _step(self, state: TrainState, batch: RLBatch, ref: Params | None):
         normalizer = full_batch_normalizer(self.loss, jnp.asarray(batch.loss_mask))
+        total = jnp.maximum(jnp.sum(jnp.asarray(batch.loss_mask, jnp.float32)), 1.0)
         grad_fn = jax.value_and_grad(self._loss, has_aux=True)
         micro = jax.tree.map(self._split, batch)
 
         def body(acc, mb):
             grads, totals = acc
-            (loss, (m, logp)), g = grad_fn(state.params, mb, normalizer, ref)
+            (loss, (m, logp)), g = grad_fn(state.params, mb, normalizer, ref, total)
             n = m["num_tokens"]
             grads = jax.tree.map(jnp.add, grads, g)
             totals = {
@@ -379,6 +407,7 @@ class TrainStep:
         zeros = jax.tree.map(jnp.zeros_like, state.params)
         extra = CORRECTION_METRICS if self.loss.correction is not None else ()
         extra += ROUTE_SUMS if batch.routes is not None else ()
+        extra += ("moe_aux_loss",) if self.moe_aux_coef > 0 else ()
         names: tuple[str, ...] = ("loss", "pg_loss", "num_tokens", "clip_fraction", "ratio_mean")
         names += ("kl", "sampler_kl", *extra)
         init = (zeros, {k: jnp.zeros((), jnp.float32) for k in names})

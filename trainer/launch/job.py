@@ -107,10 +107,13 @@ def _preflight(job: JobConfig) -> tuple[Path, str]:
     Raises:
       UserError: model.path names no HF folder (or an unknown tiny variant, or SmolLM2's
         package is missing), its model_type selects no family, the folder does not match
-        the family's mapping, or routes are asked for (routing replay) from a dense model.
+        the family's mapping, routes are asked for (routing replay) from a dense model, or
+        the mesh and the loss do not fit the model (trainer.tp, trainer.ep,
+        loss.moe_aux_coef: `trainer.launch.model_fit`).
     """
     from models.checkpoints.hf_io import read_hf_config
     from models.config import ModelConfig
+    from trainer.launch.model_fit import check_model_fit
     from trainer.launch.model_source import check_checkpoint, resolve_model
 
     try:
@@ -118,11 +121,7 @@ def _preflight(job: JobConfig) -> tuple[Path, str]:
         model_cfg = ModelConfig.from_hf(read_hf_config(model_path))
         family = model_cfg.family
         check_checkpoint(model_path, family)
-        if job.run.wants_routes and not model_cfg.num_experts:
-            raise ValueError(
-                f"loss.routing_replay=engine / rollout.return_routes need a mixture-of-experts "
-                f"model; model.path {str(model_path)!r} is the dense {family}; nothing was started"
-            )
+        check_model_fit(model_cfg, job.run)
     except (OSError, KeyError, ValueError) as err:  # MappingError is a ValueError
         text = err.args[0] if isinstance(err, KeyError) and err.args else err
         raise UserError(str(text)) from err

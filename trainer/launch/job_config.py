@@ -18,6 +18,7 @@ deeper); ``run_dir=PATH`` is short for
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -354,19 +355,22 @@ class JobConfig(_Section):
 
     @model_validator(mode="after")
     def _mesh_fits_devices(self) -> JobConfig:
-        """The train mesh dp x fsdp x tp must tile the trainer's devices
+        """The train mesh dp x fsdp x ep x tp must tile the trainer's devices
         (launch.trainer_devices on each of launch.trainer_processes processes)."""
         t, devices = self.run.trainer, self.launch.trainer_devices * self.launch.trainer_processes
-        if devices % (t.dp * t.tp):
+        axes = {"dp": t.dp, "ep": t.ep, "tp": t.tp} if t.ep > 1 else {"dp": t.dp, "tp": t.tp}
+        if devices % math.prod(axes.values()):
             raise ValueError(
-                f"trainer.dp x trainer.tp = {t.dp} x {t.tp} does not divide the trainer's "
+                f"{' x '.join('trainer.' + a for a in axes)} = "
+                f"{' x '.join(map(str, axes.values()))} does not divide the trainer's "
                 f"{devices} devices (launch.trainer_devices x launch.trainer_processes)"
             )
-        if t.fsdp != -1 and t.dp * t.fsdp * t.tp != devices:
+        axes = {"dp": t.dp, "fsdp": t.fsdp, **{k: v for k, v in axes.items() if k != "dp"}}
+        if t.fsdp != -1 and math.prod(axes.values()) != devices:
             raise ValueError(
-                f"trainer.dp x fsdp x tp = {t.dp} x {t.fsdp} x {t.tp} = {t.dp * t.fsdp * t.tp}, "
-                f"but the trainer has {devices} devices (launch.trainer_devices x "
-                "launch.trainer_processes)"
+                f"trainer.{' x '.join(axes)} = {' x '.join(map(str, axes.values()))} = "
+                f"{math.prod(axes.values())}, but the trainer has {devices} devices "
+                "(launch.trainer_devices x launch.trainer_processes)"
             )
         return self
 

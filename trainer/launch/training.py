@@ -86,12 +86,14 @@ class TrainerParts:
 
 
 def build_parts(job: JobConfig, model_path: Path) -> TrainerParts:
-    """The model on the ("dp", "fsdp", "tp") mesh over the first launch.trainer_devices devices of
-    every trainer process, its train step, the checkpointer of ``RUN_DIR/checkpoints`` and
-    the state (restored from the newest checkpoint when trainer.resume and there is one)."""
+    """The model on the ("dp", "fsdp", "ep", "tp") mesh over the first launch.trainer_devices
+    devices of every trainer process, its train step, the checkpointer of
+    ``RUN_DIR/checkpoints`` and the state (restored from the newest checkpoint when
+    trainer.resume and there is one)."""
     cfg, launch, run_dir = job.run, job.launch, job.run_dir.absolute()
     devices = mesh_devices(launch.trainer_devices)
-    mesh = make_mesh(cfg.trainer.dp, cfg.trainer.fsdp, devices=devices, tp=cfg.trainer.tp)
+    t = cfg.trainer
+    mesh = make_mesh(t.dp, t.fsdp, devices=devices, tp=t.tp, ep=t.ep)
     model_cfg, model = load_hf_checkpoint(
         model_path, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype
     )

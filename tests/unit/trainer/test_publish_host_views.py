@@ -140,3 +140,28 @@ def test_params_of_a_tp2_trainer_pack_like_the_checkpoint(path):
     manifest = publisher.manifest(1, tp_size=2)
     expected = _expected_tp2(publisher, path, manifest)
     assert _packed_tp2(publisher, publisher._sharded_tensors(params)) == expected
+
+
+@pytest.mark.parametrize(("variant", "tp"), [("qwen3_moe", 2), ("olmoe", 1)])
+def test_params_of_an_expert_parallel_trainer_pack_like_the_checkpoint(
+    variant, tp, tiny_checkpoint
+):
+    """The trainer's params on a ("dp", "fsdp", "ep", "tp") = (1, 2, 2, tp) mesh (the stacked
+    experts split over ep, their width over fsdp, their MLP width over tp; the tiny OLMoE has
+    one KV head, so tp 1): the whole manifest packs byte for byte like the checkpoint rounded
+    to bf16 by JAX, every expert's tensors included."""
+    moe_path = tiny_checkpoint(variant, seed=3)
+    mesh = make_mesh(1, 2, devices=jax.devices()[: 4 * tp], tp=tp, ep=2)
+    cfg, decoder = load_hf_checkpoint(moe_path, dtype="float32", mesh=mesh, min_shard_bytes=0)
+    params = flat_params(decoder)
+    gate = params["layers.0.mlp.experts.gate.kernel"]
+    spec = tuple(gate.sharding.spec) + (None,) * (3 - len(gate.sharding.spec))
+    assert spec == ("ep", "fsdp", "tp" if tp > 1 else None)
+    assert gate.addressable_shards[0].data.shape[0] == cfg.num_experts // 2
+    publisher = WeightPublisher(
+        None, GlooTransportConfig(bucket_bytes=BUCKET), variant, cfg, "bfloat16"
+    )  # type: ignore[arg-type]
+    names = [t.name for t in publisher.manifest(1).tensors]
+    last = cfg.num_experts - 1
+    assert any(f"experts.{last}." in n for n in names)  # per-expert tensors, the last included
+    assert _packed(publisher, params) == _expected(publisher, moe_path)

@@ -13,7 +13,7 @@ from trainer.config import ConfigError
 from trainer.launch.job_config import load_job_config
 
 REPO = Path(__file__).resolve().parents[4]
-CONFIGS = ["smoke.yaml", "smollm2_arith.yaml", "smollm2_gsm8k.yaml"]
+CONFIGS = ["smoke.yaml", "smoke_moe.yaml", "smollm2_arith.yaml", "smollm2_gsm8k.yaml"]
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -97,6 +97,15 @@ def test_cli_help_and_bad_key_answer_fast():
             "trainer.dp x fsdp x tp = 1 x 2 x 2 = 4, but the trainer has 2 devices",
         ),
         (["trainer.tp=0"], "trainer.tp: Input should be greater than or equal to 1"),
+        (
+            ["trainer.ep=2", "trainer.tp=2", "launch.trainer_devices=6"],
+            r"trainer.dp x trainer.ep x trainer.tp = 1 x 2 x 2 does not divide the trainer's 6",
+        ),
+        (
+            ["trainer.ep=2", "trainer.fsdp=2", "launch.trainer_devices=2"],
+            "trainer.dp x fsdp x ep x tp = 1 x 2 x 2 x 1 = 4, but the trainer has 2 devices",
+        ),
+        (["trainer.ep=0"], "trainer.ep: Input should be greater than or equal to 1"),
     ],
 )
 def test_a_mesh_that_does_not_tile_the_devices_names_the_numbers(overrides, message):
