@@ -22,7 +22,7 @@ import contextlib
 import dataclasses
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -77,6 +77,7 @@ class JaxBackend(RolloutBackend):
         self._dispatcher: asyncio.Task | None = None
         self._receiver: Any = None
         self._model_cfg: Any = None
+        self._decode: Callable[[list[int]], str] | None = None  # the tokenizer's, at start
 
     @property
     def weight_version(self) -> int | None:
@@ -113,7 +114,11 @@ class JaxBackend(RolloutBackend):
             devices_per_replica=c.devices_per_replica,
         )
         params = nnx.split(model)[1]
-        self.engine = JaxEngine(model_cfg, params, ecfg, version=c.initial_version)
+        tok = await asyncio.to_thread(_load_tokenizer, c.model)
+        self._decode = None if tok is None else _decoder(tok)
+        self.engine = JaxEngine(
+            model_cfg, params, ecfg, version=c.initial_version, decode=self._decode
+        )
         self._dispatcher = asyncio.create_task(self._dispatch())
 
     def _check_sampling(self, s: m.SamplingParams) -> None:
@@ -140,8 +145,13 @@ class JaxBackend(RolloutBackend):
         self, prompt: m.Prompt, stop_strings: Sequence[str] = ()
     ) -> tuple[m.Completion, ...]:
         """See `RolloutBackend.generate`. ``max_new_tokens`` counts every completion token.
-        `stop_strings` do not end a sample here (the compiled decode loop stops on token ids
-        only): the episode runner cuts each turn at them (`episode.cut_at_stop`)."""
+        `stop_strings` end a sample in the engine: after each decode step the batcher matches
+        the new token's text (`rollout_engine.jax.stop_strings`), the cut vLLM makes with
+        ``include_stop_str_in_output``; finish reason "stop".
+
+        Raises:
+            ValueError: an empty prompt; sampling this engine cannot do; more than 16 stop
+                strings, an empty one or one over 256 characters."""
         if self.engine is None:
             raise RuntimeError("the backend is not started")
         if self._version is None:
@@ -159,7 +169,13 @@ class JaxBackend(RolloutBackend):
         request = Request(
             key, tuple(int(t) for t in prompt.token_ids), g, s.max_new_tokens, s.seed,
             temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, continues=prompt.continues,
+            stop_strings=tuple(stop_strings),
         )  # fmt: skip
+        if stop_strings and self._decode is None:
+            raise ValueError(
+                f"prompt {prompt.sample_id!r} has stop strings but {self.cfg.model} has no "
+                "tokenizer to match them with"
+            )
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._groups[key] = (future, [None] * g, [g])
         try:
@@ -288,3 +304,23 @@ def _completion(r: SampleResult, version: int, routes: bool = False) -> m.Comple
     if routes and r.routes is not None:
         c = dataclasses.replace(c, routed_experts=r.routes)
     return c
+
+
+def _load_tokenizer(path: str) -> Any:
+    """The HF tokenizer of the checkpoint folder (or hub id) ``path``; None when it has none
+    (then requests with stop strings are refused)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError):
+        return None
+
+
+def _decoder(tok: Any) -> Callable[[list[int]], str]:
+    """ids -> text with special tokens skipped: the decode `episode.cut_at_stop` is given."""
+
+    def decode(ids: list[int]) -> str:
+        return str(tok.decode(ids, skip_special_tokens=True))
+
+    return decode

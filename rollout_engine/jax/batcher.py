@@ -37,7 +37,8 @@ from rollout_engine.jax.insert import make_insert
 from rollout_engine.jax.prefill import PrefillBatch, Prefiller
 from rollout_engine.jax.sampling import RowSampling, SamplingConfig
 from rollout_engine.jax.state import SlotState, init_slots
-from rollout_engine.jax.stops import StopConfig
+from rollout_engine.jax.stop_strings import Decode, StopStringMatcher
+from rollout_engine.jax.stops import STOP_EOS, StopConfig
 from rollout_engine.jax.types import FINISH_REASONS, Request, SampleResult
 
 
@@ -57,6 +58,10 @@ class BatcherConfig:
             running slot's position plus ``steps_per_call`` (capped at ``max_len``), so a step
             reads the KV the batch has used, not all S slots (one compiled loop per bound);
             0 always attends to all ``max_len`` slots.
+        stop_string_steps: most decode steps between two stop-string checks while a slot whose
+            request has stop strings runs (the check reads the new tokens to the host); 1
+            samples no token past a stop, more trade up to ``n - 1`` dropped tokens per stop for
+            fewer host round trips.
     """
 
     num_slots: int = 8
@@ -66,8 +71,11 @@ class BatcherConfig:
     min_prompt_bucket: int = 16
     seed: int = 0
     kv_bucket: int = 128
+    stop_string_steps: int = 1
 
     def __post_init__(self) -> None:
+        if self.stop_string_steps < 1:
+            raise ValueError(f"stop_string_steps must be >= 1, got {self.stop_string_steps}")
         if self.kv_bucket < 0:
             raise ValueError(
                 f"kv_bucket must be >= 0 (0 turns the bound off), got {self.kv_bucket}"
@@ -87,6 +95,7 @@ class _Slot:
     index: int
     spans: list[tuple[int, int]]  # (version, first token index)
     prompt_routes: np.ndarray | None = None  # [P, L, k] the prefill's (MoE models)
+    matcher: StopStringMatcher | None = None  # set when the request has stop strings
 
 
 def sample_keys(seed: int, request: Request) -> np.ndarray:
@@ -107,6 +116,7 @@ class ContinuousBatcher:
             the top-k / top-p filters in). stops: static settings.
         mesh: for the data-parallel mode, a 1-D mesh (axis ``"data"``) over which slots shard.
         version: the weight version of ``params``. replica: index stamped on the results.
+        decode: token ids -> text (special tokens skipped), for requests with stop strings.
     """
 
     def __init__(
@@ -121,6 +131,7 @@ class ContinuousBatcher:
         mesh: jax.sharding.Mesh | None = None,
         version: int = 0,
         replica: int = 0,
+        decode: Decode | None = None,
     ):
         if mesh is not None and cfg.num_slots % mesh.size:
             raise ValueError(
@@ -128,6 +139,7 @@ class ContinuousBatcher:
             )
         self.cfg, self.sampling, self.stops = cfg, sampling, stops
         self.params, self.version, self.replica = params, version, replica
+        self.decode = decode
         self._pending_weights: tuple[nnx.State, int] | None = None
         self._weights_lock = threading.Lock()  # update_weights may come from another thread
         self.mesh = mesh
@@ -190,9 +202,15 @@ class ContinuousBatcher:
 
         Raises:
             ValueError: a prompt plus ``max_new_tokens - 1`` longer than ``max_len``; a request
-                asking for top-k / top-p from an engine started without them (compiled out).
+                asking for top-k / top-p from an engine started without them (compiled out);
+                a request with stop strings to a batcher given no ``decode``.
         """
         for r in requests:
+            if r.stop_strings and self.decode is None:
+                raise ValueError(
+                    f"request {r.prompt_id!r} has stop strings but this engine was given no "
+                    "decode function (token ids -> text) to match them with"
+                )
             need = len(r.prompt) + r.max_new_tokens - 1
             if need > self.cfg.max_len:
                 raise ValueError(
@@ -270,11 +288,41 @@ class ContinuousBatcher:
         self._fill()
         if self.in_flight == 0:
             return []
-        max_steps = jnp.int32(self.cfg.steps_per_call)
+        matching = [i for i, s in enumerate(self._slots) if s is not None and s.matcher]
+        n = self.cfg.steps_per_call
+        if matching:
+            n = min(n, self.cfg.stop_string_steps)
         kv_len = self.kv_len()
-        self.state, steps = self._loop(self.params, self.state, max_steps, kv_len=kv_len)
+        self.state, steps = self._loop(self.params, self.state, jnp.int32(n), kv_len=kv_len)
         self.decode_steps += int(steps)
+        if matching:
+            self._match_stop_strings(matching)
         return self._collect()
+
+    def _matcher(self, request: Request) -> StopStringMatcher | None:
+        if not request.stop_strings:
+            return None
+        assert self.decode is not None  # submit checked
+        return StopStringMatcher(request.stop_strings, self.decode)
+
+    def _match_stop_strings(self, slots: list[int]) -> None:
+        """Push the new tokens of `slots` (those with stop strings) to their matchers and end
+        each slot whose text now holds a stop: finished, reason "stop", its length cut to the
+        token that completes the stop (tokens sampled past it in this call are dropped)."""
+        rows = jnp.asarray(slots, jnp.int32)
+        gen_len, tokens = jax.device_get((self.state.gen_len[rows], self.state.out_tokens[rows]))
+        ends: list[tuple[int, int]] = []
+        for j, i in enumerate(slots):
+            slot = self._slots[i]
+            assert slot is not None and slot.matcher is not None
+            seen = len(slot.matcher.ids)
+            k = slot.matcher.push(tokens[j, seen : int(gen_len[j])].tolist())
+            if k is not None:
+                ends.append((i, k))
+        if ends:
+            idx = jnp.asarray([i for i, _ in ends], jnp.int32)
+            lengths = jnp.asarray([k for _, k in ends], jnp.int32)
+            self.state = end_at_stop_string(self.state, idx, lengths)
 
     def kv_len(self) -> int | None:
         """The attention bound of the next decode call (see ``BatcherConfig.kv_bucket``), or
@@ -323,7 +371,9 @@ class ContinuousBatcher:
             routes = None
             if batch.routes is not None:  # [P_rows, T, L, k] -> this prompt's [P, L, k]
                 routes = np.asarray(jax.device_get(batch.routes[row, : len(p.request.prompt)]))
-            self._slots[slot] = _Slot(p.request, p.index, [(self.version, 0)], routes)
+            self._slots[slot] = _Slot(
+                p.request, p.index, [(self.version, 0)], routes, self._matcher(p.request)
+            )
         for members in groups.values():  # one insertion per prefill batch
             batch = self._prefills[id(members[0][1].request)][0]
             self._insert_rows(
@@ -362,7 +412,9 @@ class ContinuousBatcher:
                 [p.request.prompt[n:] for _, p, n in chunk], [n for _, _, n in chunk],
             )  # fmt: skip
             for slot, p, n in chunk:
-                self._slots[slot] = _Slot(p.request, p.index, [(self.version, 0)])
+                self._slots[slot] = _Slot(
+                    p.request, p.index, [(self.version, 0)], None, self._matcher(p.request)
+                )
                 self._memory[slot] = None
                 self.continued += 1
                 self.reused_tokens += n
@@ -447,6 +499,18 @@ class ContinuousBatcher:
                 )
             )
         return out
+
+
+@partial(jax.jit, donate_argnums=(0,))
+def end_at_stop_string(state: SlotState, rows: jax.Array, lengths: jax.Array) -> SlotState:
+    """Finish ``rows`` (``[R]`` int32 slot indices) with reason "stop" (`STOP_EOS`, the code
+    reported as "stop"), each with ``lengths`` (``[R]`` int32) completion tokens kept."""
+    return dataclasses.replace(
+        state,
+        finished=state.finished.at[rows].set(True),
+        reason=state.reason.at[rows].set(STOP_EOS),
+        gen_len=state.gen_len.at[rows].set(lengths),
+    )
 
 
 @partial(jax.jit, donate_argnums=(0,))

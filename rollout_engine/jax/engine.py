@@ -28,6 +28,7 @@ from models.config import ModelConfig
 from models.decoder import Decoder
 from rollout_engine.jax.batcher import BatcherConfig, ContinuousBatcher
 from rollout_engine.jax.sampling import SamplingConfig
+from rollout_engine.jax.stop_strings import Decode
 from rollout_engine.jax.stops import StopConfig
 from rollout_engine.jax.types import Request, SampleResult
 
@@ -65,6 +66,7 @@ class JaxEngine:
         cfg: engine settings. version: weight version of ``params``.
         devices: devices to use (default ``jax.devices()``); replica r takes
             ``devices[r·d : (r+1)·d]`` with ``d = cfg.devices_per_replica``.
+        decode: token ids -> text, for requests with stop strings (`ContinuousBatcher`).
 
     Raises:
         ValueError: fewer devices than ``replicas · devices_per_replica``, or a model with no
@@ -79,6 +81,7 @@ class JaxEngine:
         *,
         version: int = 0,
         devices: Sequence[jax.Device] | None = None,
+        decode: Decode | None = None,
     ):
         devices = list(devices if devices is not None else jax.devices())
         d, r = cfg.devices_per_replica, cfg.replicas
@@ -111,6 +114,7 @@ class JaxEngine:
                     mesh=mesh,
                     version=version,
                     replica=i,
+                    decode=decode,
                 )
             )
         self._inbox: queue.Queue[Request] = queue.Queue()

@@ -8,6 +8,8 @@ from collections.abc import Hashable
 
 import numpy as np
 
+from rollout_engine.jax.stop_strings import check_stop_strings
+
 FINISH_REASONS = {1: "stop", 2: "length"}
 """Finish reason codes of ``stops`` as the strings the worker loop reports (vLLM's names)."""
 
@@ -31,6 +33,9 @@ class Request:
             tokens). With one sample, a replica whose free slot still holds a common prefix's
             KV cache at the current weight version continues there and prefills only the rest
             (`ContinuousBatcher`: slot memory); otherwise the prompt is prefilled whole.
+        stop_strings: text that ends a sample, kept in it, finish reason "stop"
+            (`rollout_engine.jax.stop_strings`: at most 16, each 1 to 256 characters); the
+            batcher must have been given a ``decode`` function.
     """
 
     prompt_id: Hashable
@@ -42,9 +47,11 @@ class Request:
     top_k: int | None = None
     top_p: float | None = None
     continues: bool = False
+    stop_strings: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt", tuple(int(t) for t in self.prompt))
+        object.__setattr__(self, "stop_strings", check_stop_strings(self.stop_strings))
         if not self.prompt:
             raise ValueError(f"request {self.prompt_id!r}: the prompt is empty")
         if self.num_samples < 1:
@@ -80,8 +87,9 @@ class SampleResult:
         tokens: ``[n]`` int32 completion ids (the last is an EOS id, or the token sampled at the
             length limit). logprobs: ``[n]`` float32, each token's log-prob under the sampling
             distribution (0 for forced tokens).
-        finish_reason: "stop" (the model emitted an EOS) or "length" (``max_new_tokens`` reached;
-            the last token is the one sampled there, with its log-prob, as vLLM does).
+        finish_reason: "stop" (the model emitted an EOS, or the text a stop string) or "length"
+            (``max_new_tokens`` reached; the last token is the one sampled there, with its
+            log-prob, as vLLM does).
         forced_positions: indices into ``tokens`` of the tokens the engine wrote without sampling
             them (the end-of-think phrase at a reasoning budget), ascending; kept out of the loss.
         weight_versions: ``(version, start, end)`` spans: tokens ``[start, end)`` were sampled
