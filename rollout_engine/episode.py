@@ -27,7 +27,8 @@ observation would not fit ends there with finish reason "length".
 Episodes never wait for each other: each plays its own turns (its next turn is sent as soon as
 its observation is ready), so a group's episodes may end at different turns. A turn ends at the
 environment's stop strings inside the engine where the backend can (`RolloutBackend.generate`'s
-`stop_strings`: vLLM); `cut_at_stop` makes the same cut otherwise. Faults stay in their
+`stop_strings`: vLLM's `stop`, the JAX engine's per-slot check after each decode step,
+`rollout_engine.jax.stop_strings`); `cut_at_stop` makes the same cut for any other backend. Faults stay in their
 episode: an environment whose `step` raises or takes over `step_timeout_s` seconds ends that
 episode with finish reason "abort" (logged with the error; the trainer drops such a group),
 the other episodes play on.
@@ -278,8 +279,8 @@ def cut_at_stop(turn: m.Completion, decode: Decode, stops: Sequence[str]) -> m.C
     """`turn` ended after its shortest prefix whose text holds one of `stops` (finish "stop"),
     or `turn` itself when none occurs: the record a sampler with these stop strings would have
     made (each kept token's log-prob depends only on the tokens before it), the tokens past the
-    stop dropped. A backend that ends turns at stop strings itself (vLLM) returns turns this
-    leaves as they are; one that samples on (the JAX engine) is cut here, so the tool call's
+    stop dropped. A backend that ends turns at stop strings itself (vLLM, the JAX engine)
+    returns turns this leaves as they are; one that samples on is cut here, so the tool call's
     closing tag is the turn's end and the model never writes past it (e.g. a result of its own).
 
     Args:
