@@ -17,6 +17,8 @@ Param axes (kernels are [inputs..., outputs...]):
     mlp       F, the MLP width;  vocab  V, the vocabulary
     norm      D of a norm scale: over fsdp like every param's width (ZeRO-3 shards every
               param), never over tp (every TP rank needs it whole: shard kind "replicated")
+    lora_io, lora_rank: the feature and rank dims of a LoRA adapter's A [I, r] / B [r, O]
+              (`models.lora`; small, replicated)
     layers, experts: reserved (stacked layers, mixture of experts); map to nothing yet.
 Activation axes: batch (B rows), length (T), act_embed (D of an activation: replicated over
 tp, as Megatron keeps it between the column- and the row-parallel matmul), and heads,
@@ -52,10 +54,24 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("norm", "fsdp"),
     ("layers", None),
     ("experts", None),
+    ("lora_io", None),
+    ("lora_rank", None),
 )
 #: Every logical axis a param may declare.
 PARAM_AXES: frozenset[str] = frozenset(
-    ("embed", "heads", "kv_heads", "head_dim", "mlp", "vocab", "norm", "layers", "experts")
+    (
+        "embed",
+        "heads",
+        "kv_heads",
+        "head_dim",
+        "mlp",
+        "vocab",
+        "norm",
+        "layers",
+        "experts",
+        "lora_io",
+        "lora_rank",
+    )
 )
 #: The logical axes "tp" splits, by the engine TP shard kind they make (`mappings.shards`).
 _TP_KIND: dict[str, ShardKind] = {"vocab": "vocab", "kv_heads": "kv", "heads": "column"}
