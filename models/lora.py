@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models.decoder import Decoder
+from models.params import flat_params
 
 #: PEFT target name -> (sub-module, projection) of a `models.decoder.Block`.
 TARGETS: dict[str, tuple[str, str]] = {
@@ -123,3 +124,22 @@ def merge_lora(model: Decoder) -> None:
 def is_adapter(path: str) -> bool:
     """True for the flat param path (`models.params.path_str`) of a LoRA A or B."""
     return path.rsplit(".", 1)[-1] in ADAPTER_NAMES
+
+
+def engine_params(model: Decoder) -> dict[str, jax.Array]:
+    """The flat params an engine serves (`models.params.flat_params` paths): each adapted
+    kernel merged, W + (alpha / r) A B in float32 cast to the kernel's dtype, and no adapter
+    params; without adapters exactly `flat_params(model)` (the same arrays).
+
+    This is the full-weight push of a LoRA run: the engines need no adapter support, and a
+    push carries the whole model (an adapter-only push is not built yet)."""
+    flat = flat_params(model)
+    if not any(is_adapter(p) for p in flat):
+        return flat
+    out = {p: v for p, v in flat.items() if not is_adapter(p)}
+    for i, block in enumerate(model.layers):
+        for sub, name in TARGETS.values():
+            proj = getattr(getattr(block, sub), name, None)
+            if proj is not None and hasattr(proj, "lora_a"):
+                out[f"layers.{i}.{sub}.{name}.kernel"] = proj.weight(proj.kernel[...].dtype)
+    return out

@@ -96,3 +96,22 @@ def test_faults():
     if moe:
         with pytest.raises(ValueError, match="no gate_proj to adapt"):
             add_lora(_model(moe[0]), 2, 1.0, ("gate_proj",), jax.random.key(0))
+
+
+def test_engine_params_are_the_merged_kernels_without_adapters():
+    from models.lora import engine_params
+    from trainer.publish.host_views import flat_of
+
+    model = _model()
+    plain = flat_params(model)
+    assert all(engine_params(model)[k] is v for k, v in plain.items())  # no copy without LoRA
+    add_lora(model, 2, 4.0, ("v_proj", "up_proj"), jax.random.key(3), b_init_std=0.1)
+    pushed = flat_of(model)
+    assert sorted(pushed) == sorted(plain)
+    merged = nnx.clone(model)
+    merge_lora(merged)
+    for k, v in flat_params(merged).items():
+        np.testing.assert_array_equal(np.asarray(pushed[k]), np.asarray(v), err_msg=k)
+    changed = {k for k in plain if not np.array_equal(np.asarray(pushed[k]), np.asarray(plain[k]))}
+    L = model.cfg.num_layers
+    assert changed == {f"layers.{i}.{p}.kernel" for i in range(L) for p in ("attn.v", "mlp.up")}
