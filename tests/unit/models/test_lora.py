@@ -115,3 +115,12 @@ def test_engine_params_are_the_merged_kernels_without_adapters():
     changed = {k for k in plain if not np.array_equal(np.asarray(pushed[k]), np.asarray(plain[k]))}
     L = model.cfg.num_layers
     assert changed == {f"layers.{i}.{p}.kernel" for i in range(L) for p in ("attn.v", "mlp.up")}
+
+
+def test_scanned_layers_with_remat_carry_the_adapters():
+    model = _model()
+    add_lora(model, 4, 8.0, ALL, jax.random.key(1), b_init_std=0.05)
+    tokens, positions = _inputs(model.cfg.vocab_size)
+    scanned = model.logits(model.hidden(tokens, positions, scan_layers=True, remat="full")[0])
+    looped = model.logits(model.hidden(tokens, positions)[0])
+    np.testing.assert_allclose(np.asarray(scanned), np.asarray(looped), atol=1e-5)
