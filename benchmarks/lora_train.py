@@ -12,6 +12,12 @@ Push bytes: today a LoRA push carries the merged model (`models.lora.engine_para
 same bytes as a full push (`push_bytes`); `adapter_bytes` is what an adapter-only push would
 carry (A and B in the param dtype), computed from the shapes, not measured on a wire.
 
+Measured 2026-12-04 on a 2-core AMD EPYC (avx2, avx512f, avx512_bf16), shared, `small` model
+(27 M params, fp32, B 8 x T 256), rank 16 on all seven projections: optimizer state 7.5 MB
+against 218 MB (0.034), peak RSS 1.98 against 2.06 GiB (0.96: activations dominate), seconds
+per step 3.14 against 3.08 (1.02: the base gradients are still computed), push bytes equal
+(merged weights), an adapter-only push would carry 3.7 MB of 109 MB (0.034).
+
 Usage: python benchmarks/lora_train.py [--model small|smollm2] [--lora 16] [--steps 3]
 Prints one line per run, then one JSON object on the last line (ratios LoRA / full).
 """
