@@ -28,6 +28,8 @@ Param axes (kernels are [inputs..., outputs...]):
     norm      D of a norm scale: over fsdp like every param's width (ZeRO-3 shards every
               param), never over tp (every TP rank needs it whole: shard kind "replicated")
     experts   E, the stacked experts of a mixture-of-experts param (sharded over ep)
+    lora_io, lora_rank: the feature and rank dims of a LoRA adapter's A [I, r] / B [r, O]
+              (`models.lora`; small, replicated)
     layers: reserved (stacked layers); maps to nothing yet.
 Activation axes: batch (B rows), length (T), act_embed (D of an activation: replicated over
 tp, as Megatron keeps it between the column- and the row-parallel matmul), and heads,
@@ -63,10 +65,24 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("norm", "fsdp"),
     ("layers", None),
     ("experts", "ep"),
+    ("lora_io", None),
+    ("lora_rank", None),
 )
 #: Every logical axis a param may declare.
 PARAM_AXES: frozenset[str] = frozenset(
-    ("embed", "heads", "kv_heads", "head_dim", "mlp", "vocab", "norm", "layers", "experts")
+    (
+        "embed",
+        "heads",
+        "kv_heads",
+        "head_dim",
+        "mlp",
+        "vocab",
+        "norm",
+        "layers",
+        "experts",
+        "lora_io",
+        "lora_rank",
+    )
 )
 #: The logical axes "tp" splits, by the engine TP shard kind they make (`mappings.shards`).
 _TP_KIND: dict[str, ShardKind] = {"vocab": "vocab", "kv_heads": "kv", "heads": "column"}

@@ -155,9 +155,9 @@ class Attention(nnx.Module):
         """
         cfg = self.cfg
         dt = cfg.dtype
-        q = jnp.einsum("btd,dnh->btnh", x, self.q.kernel[...].astype(dt))
-        k = jnp.einsum("btd,dkh->btkh", x, self.k.kernel[...].astype(dt))
-        v = jnp.einsum("btd,dkh->btkh", x, self.v.kernel[...].astype(dt))
+        q = jnp.einsum("btd,dnh->btnh", x, self.q.weight(dt))
+        k = jnp.einsum("btd,dkh->btkh", x, self.k.weight(dt))
+        v = jnp.einsum("btd,dkh->btkh", x, self.v.weight(dt))
         q = constrain(q, ("batch", "length", "heads", "head_dim"))
         k = constrain(k, ("batch", "length", "kv_heads", "head_dim"))
         v = constrain(v, ("batch", "length", "kv_heads", "head_dim"))
@@ -197,7 +197,7 @@ class Attention(nnx.Module):
             mask = attention_mask(positions, k_pos, window)  # [B, T, S]
             out = dense_attention(qg, keys.astype(dt), values.astype(dt), mask, cfg)
         out = out.reshape(B, T, N, H)
-        y = jnp.einsum("btnh,nhd->btd", out, self.o.kernel[...].astype(dt))  # [B, T, D]
+        y = jnp.einsum("btnh,nhd->btd", out, self.o.weight(dt))  # [B, T, D]
         if cfg.output_bias:
             y = y + self.o.bias[...].astype(dt)
         return y, kv
@@ -254,7 +254,14 @@ def decode_attention(
 class _Proj(nnx.Module):
     """A projection's params: `kernel` of the given shape and logical axes, [inputs...,
     outputs...], and with `bias` a bias over its output axes (the dims after the first for a
-    kernel whose input is the model width `embed`, else the last)."""
+    kernel whose input is the model width `embed`, else the last).
+
+    With a LoRA adapter (`models.lora.add_lora`) also `lora_a` [I, r], `lora_b` [r, O] and the
+    static `lora_scale` alpha / r; absent otherwise."""
+
+    lora_a: nnx.LoRAParam
+    lora_b: nnx.LoRAParam
+    lora_scale: float
 
     def __init__(
         self,
@@ -268,6 +275,21 @@ class _Proj(nnx.Module):
         if bias:
             out = 1 if kernel_axes[0] == "embed" else len(kernel_shape) - 1
             self.bias = _normal(keys, kernel_shape[out:], kernel_axes[out:], param_dtype)
+
+    def lora_delta(self) -> jax.Array:
+        """With a LoRA adapter (`models.lora.add_lora`: lora_a [I, r], lora_b [r, O],
+        lora_scale alpha / r): (alpha / r) A @ B reshaped to the kernel's shape, float32."""
+        a, b = self.lora_a[...].astype(jnp.float32), self.lora_b[...].astype(jnp.float32)
+        delta = jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST)
+        return (self.lora_scale * delta).reshape(self.kernel.shape)
+
+    def weight(self, dtype: str) -> jax.Array:
+        """The kernel in `dtype`; with a LoRA adapter the merged W + (alpha / r) A B (summed in
+        float32, then cast), whose gradient reaches A and B."""
+        w = self.kernel[...]
+        if not hasattr(self, "lora_a"):
+            return w.astype(dtype)
+        return (w.astype(jnp.float32) + self.lora_delta()).astype(dtype)
 
 
 class MLP(nnx.Module):
@@ -287,11 +309,11 @@ class MLP(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         """x: [B, T, D] -> [B, T, D]."""
         dt = self.cfg.dtype
-        gate = jnp.einsum("btd,df->btf", x, self.gate.kernel[...].astype(dt))
-        up = jnp.einsum("btd,df->btf", x, self.up.kernel[...].astype(dt))
+        gate = jnp.einsum("btd,df->btf", x, self.gate.weight(dt))
+        up = jnp.einsum("btd,df->btf", x, self.up.weight(dt))
         if self.cfg.hidden_act == "silu":
             act = jax.nn.silu(gate)
         else:
             act = jax.nn.gelu(gate, approximate=True)
         hidden = constrain(act * up, ("batch", "length", "mlp"))  # [B, T, F]
-        return jnp.einsum("btf,fd->btd", hidden, self.down.kernel[...].astype(dt))
+        return jnp.einsum("btf,fd->btd", hidden, self.down.weight(dt))

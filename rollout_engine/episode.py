@@ -28,10 +28,10 @@ Episodes never wait for each other: each plays its own turns (its next turn is s
 its observation is ready), so a group's episodes may end at different turns. A turn ends at the
 environment's stop strings inside the engine where the backend can (`RolloutBackend.generate`'s
 `stop_strings`: vLLM's `stop`, the JAX engine's per-slot check after each decode step,
-`rollout_engine.jax.stop_strings`); `cut_at_stop` makes the same cut for any other backend. Faults stay in their
-episode: an environment whose `step` raises or takes over `step_timeout_s` seconds ends that
-episode with finish reason "abort" (logged with the error; the trainer drops such a group),
-the other episodes play on.
+`rollout_engine.jax.stop_strings`); `cut_at_stop` makes the same cut for any other
+backend. Faults stay in their episode: an environment whose `step` raises or takes over
+`step_timeout_s` seconds ends that episode with finish reason "abort" (logged with the
+error; the trainer drops such a group), the other episodes play on.
 """
 
 from __future__ import annotations

@@ -40,6 +40,11 @@ def _parser() -> argparse.ArgumentParser:
         "checkpoint", type=Path, help="RUN_DIR (newest) or RUN_DIR/checkpoints/STEP"
     )
     export.add_argument("out_dir", type=Path, help="the HF folder to write")
+    export.add_argument(
+        "--adapter",
+        action="store_true",
+        help="a LoRA run's adapters as a PEFT adapter folder (default: merged into the weights)",
+    )
     parity = sub.add_parser("parity", help="JAX vs transformers on one checkpoint")
     parity.add_argument("--model", type=Path, default=None, help="HF folder (default: SmolLM2)")
     parity.add_argument("--prompt", default="What is 17 + 25? Answer with a number.")
@@ -174,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         from trainer.eval.export import export_checkpoint
 
         try:
-            print(f"wrote {export_checkpoint(args.checkpoint, args.out_dir)}")
-        except FileNotFoundError as err:
+            print(f"wrote {export_checkpoint(args.checkpoint, args.out_dir, args.adapter)}")
+        except (FileNotFoundError, ValueError) as err:
             print(f"export error: {err}", file=sys.stderr)
             return 2
         return 0

@@ -6,6 +6,7 @@ from jax.sharding import Mesh
 
 from models.decoder import Decoder
 from trainer.config import Config
+from trainer.lora import adapter_only, attach_lora
 from trainer.losses import make_loss
 from trainer.losses.base import PolicyLoss
 from trainer.losses.corrections import make_correction
@@ -45,12 +46,15 @@ def train_step_from_config(cfg: Config, model: Decoder, mesh: Mesh) -> TrainStep
     """The compiled `TrainStep` of `model` on `mesh` as `cfg` describes it: the loss, AdamW,
     the sampling temperature and truncation (top-k, top-p), micro-batches, log-prob chunk size,
     attention block, FSDP threshold, scanned layers, remat, routing replay and the MoE
-    load-balancing coefficient; with a KL term
-    (``loss.kl_coef > 0``) `model`, as it is now, becomes the frozen reference."""
+    load-balancing coefficient; with a KL term (``loss.kl_coef > 0``) `model`, as it is now,
+    becomes the frozen reference. With ``lora.rank > 0`` the adapters are first added to
+    `model` (in place) and only they are optimized (`trainer.lora`)."""
+    attach_lora(cfg, model)
+    tx = make_optimizer(optimizer_config(cfg))
     step = TrainStep(
         model,
         loss_from_config(cfg),
-        make_optimizer(optimizer_config(cfg)),
+        adapter_only(tx) if cfg.lora.rank > 0 else tx,
         mesh,
         temperature=cfg.rollout.temperature,
         top_k=cfg.rollout.top_k,

@@ -180,6 +180,22 @@ class OptimSection(_Section):
     """Clip the global gradient norm to this; None: no clipping."""
 
 
+class LoraSection(_Section):
+    """LoRA adapters (Hu et al. 2021) trained instead of the full weights (`models.lora`)."""
+
+    rank: int = Field(default=0, ge=0)
+    """r of every adapter; 0: no LoRA, the full weights are trained."""
+    alpha: float = Field(default=16.0, gt=0)
+    """Scaling numerator: each projection's update is (alpha / rank) A B (PEFT's lora_alpha)."""
+    targets: tuple[
+        Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], ...
+    ] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    """Projections that get an adapter, by their HF / PEFT names (dense models only)."""
+    init_b_std: float = Field(default=0.0, ge=0)
+    """0: B starts at zero (PEFT's init: the model starts unchanged); > 0: B drawn from
+    N(0, init_b_std²), a non-zero adapter for tests at fixed weights."""
+
+
 class RolloutSection(_Section):
     """How rollouts are generated and which ones are trained on."""
 
@@ -279,6 +295,7 @@ class Config(_Section):
     trainer: TrainerSection = Field(default_factory=TrainerSection)
     loss: LossSection = Field(default_factory=LossSection)
     optim: OptimSection = Field(default_factory=OptimSection)
+    lora: LoraSection = Field(default_factory=LoraSection)
     rollout: RolloutSection = Field(default_factory=RolloutSection)
     sync: SyncSection = Field(default_factory=SyncSection)
 

@@ -35,14 +35,12 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Mapping
 from typing import Any
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from models.params import flat_params
 from trainer.checkpointing import Checkpointer, Progress
 from trainer.publish.co_sender import FollowerSends
 from trainer.publish.host_views import flat_of
@@ -108,7 +106,7 @@ def gather_params(model_or_params: Any) -> dict[str, np.ndarray]:
     The push path of the file and shm data planes with several trainer processes (over gloo,
     NCCL and jax_transfer each process sends its own blocks instead,
     `transport.config.serves_blocks`)."""
-    flat = model_or_params if isinstance(model_or_params, Mapping) else flat_params(model_or_params)
+    flat = flat_of(model_or_params)
     if jax.process_count() == 1:
         return {k: np.asarray(v) for k, v in flat.items()}
     whole = multihost_utils.process_allgather(dict(flat), tiled=True)
@@ -270,7 +268,7 @@ def follow(
             state, _ = step(state, None)  # process 0's batch comes by share_batch
             steps += 1
         elif op == "push" and sends is not None:
-            sends.prepare(flat_params(step.model(state)), int(message["version"]))
+            sends.prepare(flat_of(step.model(state)), int(message["version"]))
         elif op == "push":
             gather_params(step.model(state))
         elif op == "send":

@@ -34,18 +34,23 @@ def locate_checkpoint(path: str | Path) -> tuple[Path, int | None]:
     return run_dir, step
 
 
-def export_checkpoint(path: str | Path, out_dir: str | Path) -> Path:
+def export_checkpoint(path: str | Path, out_dir: str | Path, adapter: bool = False) -> Path:
     """Write the checkpoint at `path` (see `locate_checkpoint`) as an HF folder `out_dir`.
+
+    A LoRA run (``lora.rank > 0``) is written with its adapters merged into the base weights
+    (W + alpha/r A B: a plain HF folder), or with `adapter` as a PEFT adapter folder
+    (`models.checkpoints.peft_io`) for the run's base checkpoint.
 
     Returns:
       `out_dir`.
 
     Raises:
       FileNotFoundError: no run folder, no checkpoint (or not that step); ConfigError: the
-        run's config.yaml does not validate.
+        run's config.yaml does not validate; ValueError: `adapter` for a run without LoRA.
     """
     from models.checkpoints.hf_io import load_hf_checkpoint, read_hf_config, save_hf_checkpoint
-    from models.params import model_from_params
+    from models.checkpoints.peft_io import save_peft_adapter
+    from models.lora import merge_lora
     from models.sharding import make_mesh
     from trainer.build import train_step_from_config
     from trainer.checkpointing import Checkpointer
@@ -56,16 +61,17 @@ def export_checkpoint(path: str | Path, out_dir: str | Path) -> Path:
     job = load_job_config(run_dir / "config.yaml")
     cfg = job.run
     base = resolve_model(cfg.model.path, cfg.trainer.seed)
-    model_cfg, model = load_hf_checkpoint(
-        base, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype
-    )
+    _, model = load_hf_checkpoint(base, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
     import jax
 
     mesh = make_mesh(1, 1, devices=jax.devices()[:1])
     train_step = train_step_from_config(cfg, model, mesh)
     with Checkpointer(run_dir / "checkpoints") as checkpointer:
         state, _ = checkpointer.restore(train_step.abstract_state(), step)
-    trained = model_from_params(model_cfg, state.params)
+    trained = train_step.model(state)
+    if adapter:
+        return save_peft_adapter(trained, out_dir, base=base)
+    merge_lora(trained)
     save_hf_checkpoint(
         trained,
         out_dir,

@@ -46,12 +46,13 @@ def on_one_cpu(x: Any) -> bool:
 
 
 def flat_of(model_or_params: Any) -> Mapping:
-    """Flat params by dot path of a `Decoder`, or the mapping itself."""
+    """Flat params by dot path of a `Decoder` as the engines serve them (a LoRA model's
+    adapters merged into their kernels: `models.lora.engine_params`), or the mapping itself."""
     if isinstance(model_or_params, Mapping):
         return model_or_params
-    from models.params import flat_params
+    from models.lora import engine_params
 
-    return flat_params(model_or_params)
+    return engine_params(model_or_params)
 
 
 def host_copies(
