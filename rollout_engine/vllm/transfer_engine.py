@@ -86,6 +86,7 @@ class JaxrlWeightTransferEngine(WeightTransferEngine[JaxrlInitInfo, JaxrlUpdateI
 
         self.buckets_loaded = 0
         t0 = time.perf_counter()
+        _reprocess_cpu_moe_experts_on_update(self.model)
         initialize_layerwise_reload(self.model)
         self.phases = {"start_s": time.perf_counter() - t0}
 
@@ -244,4 +245,49 @@ def _reprocess_tied_embeddings(model: torch.nn.Module) -> int:
                 if isinstance(module, ParallelLMHead):
                     module.quant_method.process_weights_after_loading(module)  # type: ignore
                     n += 1
+    return n
+
+
+def _reprocess_cpu_moe_experts_on_update(model: torch.nn.Module) -> int:
+    """Make a weight update re-run the CPU fused-MoE experts' own post-load processing.
+
+    vLLM 0.32's `UnquantizedFusedMoEMethod._setup_kernel` runs the experts kernel's
+    `process_weights_after_loading` only on the first load; on a weight update (its
+    `moe_kernel` already set) it skips it. On CPU that step zero-pads each expert's
+    intermediate width to the kernel's alignment (`w13` [E, 2*I, H] -> [E, 2*I_pad, H],
+    `w2` [E, H, I] -> [E, H, I_pad]) and pre-packs both into the grouped-GEMM layout, so an
+    update without it either fails to copy into the padded tensors (Qwen3-MoE, I = 48 ->
+    64: "size of tensor a (128) must match ... (96)") or copies raw rows into the pre-packed
+    storage (OLMoE: wrong tokens, as vLLM's own `reload_weights` from a file). Wraps the
+    method of each layer served by `CPUUnquantizedExperts` (once; idempotent) so that an
+    update runs that step after vLLM's own copy, on the reload's materialised layer, before
+    the layerwise reload copies the result into the live tensors.
+
+    Returns:
+        The number of MoE layers wrapped by this call (0 when already wrapped or no MoE).
+    """
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
+        UnquantizedFusedMoEMethod,
+    )
+
+    n = 0
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if not isinstance(method, UnquantizedFusedMoEMethod) or "_jaxrl_moe" in vars(method):
+            continue
+        kernel = getattr(method, "moe_kernel", None)
+        if kernel is None or not isinstance(kernel.fused_experts, CPUUnquantizedExperts):
+            continue
+        original = method.process_weights_after_loading
+
+        def process(layer: torch.nn.Module, _original=original, _method=method) -> None:
+            update = _method.moe_kernel is not None
+            _original(layer)
+            if update:
+                _method.moe_kernel.fused_experts.process_weights_after_loading(layer)
+
+        method.process_weights_after_loading = process  # type: ignore[method-assign]
+        method._jaxrl_moe = True  # type: ignore[attr-defined,assignment]
+        n += 1
     return n

