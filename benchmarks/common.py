@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +66,11 @@ def _gloo_peer(port: int, sizes: list[int], repeats: int, manifests: list[dict])
     pg = _bare_gloo_group(port, 1)
     bufs = [torch.empty(n, dtype=torch.uint8) for n in sizes]
     for _ in range(repeats):
+        cpu0 = time.process_time()
         for b in bufs:
             _bare_broadcast(pg, b)
+        # the round's CPU seconds back to the root (psutil's /proc ticks are 10 ms: too coarse)
+        _bare_broadcast(pg, torch.tensor([time.process_time() - cpu0], dtype=torch.float64), 1)
     del pg
     receiver = GlooReceiver("127.0.0.1", port + 1, 1, 2, timeout_s=120)
     try:
@@ -92,11 +94,12 @@ def _bare_gloo_group(port: int, rank: int):
     return dist.ProcessGroupGloo(store, rank, 2, opts)
 
 
-def _bare_broadcast(pg, t) -> None:
+def _bare_broadcast(pg, t, root: int = 0) -> None:
+    """Broadcast tensor `t` from rank `root` of the bare gloo group `pg` and wait for it."""
     import torch.distributed as dist
 
     opts = dist.BroadcastOptions()
-    opts.rootRank = 0
+    opts.rootRank = root
     pg.broadcast([t], opts).wait()
 
 
@@ -173,16 +176,16 @@ def gloo_reference(manifests: list, tensors, repeats: int = 3) -> dict[str, floa
         pg = _bare_gloo_group(port, 0)
         if peer.pid is None:
             raise RuntimeError("the gloo reference's receiver did not start")
-        peer_cpu = _cpu_seconds(peer.pid)
         bufs = [torch.ones(n, dtype=torch.uint8) for n in sizes]
-        raw = []
-        cpu0, peer0 = time.process_time(), peer_cpu()
+        peer_cpu = torch.empty(1, dtype=torch.float64)
+        raw, raw_cpu = [], 0.0
         for _ in range(repeats):
-            t0 = time.perf_counter()
+            cpu0, t0 = time.process_time(), time.perf_counter()
             for b in bufs:
                 _bare_broadcast(pg, b)
+            _bare_broadcast(pg, peer_cpu, 1)  # the receiver holds the round: its CPU seconds
             raw.append(time.perf_counter() - t0)
-        raw_cpu = time.process_time() - cpu0
+            raw_cpu += time.process_time() - cpu0 + float(peer_cpu[0])
         del pg, bufs
         pool = BufferPool("cpu")
         packs = []
@@ -194,7 +197,6 @@ def gloo_reference(manifests: list, tensors, repeats: int = 3) -> dict[str, floa
                 pass
             packs.append(time.perf_counter() - t0)
         pack_cpu = time.process_time() - pack_cpu0
-        raw_cpu += peer_cpu() - peer0  # the peer waits idle for the transport by now
         del pool
         sender = GlooSender("127.0.0.1", port + 1, 1, timeout_s=120)
         try:  # the first send forms the group: a warm-up, not timed
@@ -222,19 +224,6 @@ def gloo_reference(manifests: list, tensors, repeats: int = 3) -> dict[str, floa
         "host_cores": cores,
         "host_ceiling_over_raw_gloo": raw_s / max(raw_s, (raw_cpu_s + pack_cpu_s) / cores),
     }
-
-
-def _cpu_seconds(pid: int) -> Callable[[], float]:
-    """A function returning the CPU seconds (user + system, all threads) process `pid` used."""
-    import psutil
-
-    proc = psutil.Process(pid)
-
-    def read() -> float:
-        t = proc.cpu_times()
-        return t.user + t.system
-
-    return read
 
 
 def compiled_temp_and_seconds(jitted: Any, args: tuple, repeats: int) -> dict[str, float]:

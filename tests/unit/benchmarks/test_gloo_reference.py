@@ -37,8 +37,9 @@ def test_gloo_reference_measures_the_wire_the_packing_and_the_hosts_ceiling(comm
     for key in ("raw_gloo_gb_per_s", "transport_gb_per_s", "pack_gb_per_s",
                 "raw_gloo_cpu_s_per_gb", "pack_cpu_s_per_gb"):  # fmt: skip
         assert np.isfinite(ref[key]) and ref[key] > 0, (key, ref)
-    # CPU seconds of both ends over wall seconds: some of a core, at most every core (with a
-    # little slack for the receiver's idle wait counted after the rounds)
+    # CPU seconds of both ends over the rounds' wall seconds: some of a core, at most every core
+    # (the peer's CPU is read while it waits between the rounds and its next step; the slack
+    # is for the root's read of it after the last round's clock stopped)
     assert 0.05 < ref["raw_gloo_cores"] < ref["host_cores"] + 0.5, ref
     # the ceiling: raw wall time over the CPU time of wire and packing spread on every core
     raw_s_per_gb = ref["raw_gloo_cpu_s_per_gb"] / ref["raw_gloo_cores"]
