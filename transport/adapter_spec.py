@@ -10,6 +10,7 @@ Python (no numpy, torch or JAX at import time), as `transport.manifest`.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -66,6 +67,16 @@ class AdapterSpec:
     def of(cls, rank: int, alpha: float, targets: tuple[str, ...] | list[str]) -> AdapterSpec:
         """A spec with `targets` sorted and de-duplicated."""
         return cls(int(rank), float(alpha), tuple(sorted(set(targets))))
+
+
+def served_adapter(rank: int, targets: Sequence[str]) -> AdapterSpec | None:
+    """The adapter an engine started with `rank` and `targets` serves (its alpha comes with
+    each version: the 1.0 here is a placeholder `check_adapter` ignores); None for rank 0.
+
+    Raises:
+        AdapterMismatch: a rank > 0 without targets.
+    """
+    return AdapterSpec.of(rank, 1.0, tuple(targets)) if rank else None
 
 
 def check_adapter(offered: AdapterSpec | None, served: AdapterSpec | None, version: int) -> None:

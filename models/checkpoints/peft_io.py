@@ -12,86 +12,17 @@ are plain reshapes), which the PEFT-logits test holds.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors.numpy import save_file
 
-from mappings.registry import get_family
-from mappings.spec import expand
+from models.checkpoints.peft_layout import TARGETS, adapter_modules, write_peft_folder
 from models.decoder import Decoder
-from models.lora import TARGETS
 from models.params import flat_params
-
-PREFIX = "base_model.model."
-
-
-@dataclass(frozen=True)
-class AdapterModule:
-    """One adapted projection of one layer.
-
-    Attributes:
-        peft: PEFT module name, ``base_model.model.model.layers.0.self_attn.q_proj``.
-        kernel: our dot path of its base kernel (`models.params.flat_params`),
-            ``layers.0.attn.q.kernel``; the adapter params sit beside it (``...q.lora_a``).
-        out_features, in_features: the HF `nn.Linear` sizes (its weight is [out, in]).
-    """
-
-    peft: str
-    kernel: str
-    out_features: int
-    in_features: int
-
-    @property
-    def prefix(self) -> str:
-        """The kernel's dot path without ``.kernel``: where ``lora_a`` / ``lora_b`` live."""
-        return self.kernel.removesuffix(".kernel")
-
-
-def adapter_modules(cfg: Any, targets: Sequence[str]) -> list[AdapterModule]:
-    """Every projection of `cfg`'s model that a LoRA on `targets` (PEFT names,
-    `models.lora.TARGETS`) adapts, layer by layer, from the family's mapping (HF names and
-    shapes). The order is the tensors' sending order in an adapter-only push.
-
-    Raises:
-        ValueError: an unknown target, or a target the model's mapping lacks (an MoE MLP).
-    """
-    unknown = sorted(set(targets) - set(TARGETS))
-    if unknown or not targets:
-        raise ValueError(f"LoRA targets {unknown or '[]'} unknown; known: {sorted(TARGETS)}")
-    wanted = {f"{sub}.{name}.kernel" for t in targets for sub, name in [TARGETS[t]]}
-    out = []
-    for r in expand(get_family(cfg.family), cfg):
-        if r.layer is None or r.jax.split(".", 2)[-1] not in wanted:
-            continue
-        o, i = r.hf_shape
-        out.append(AdapterModule(PREFIX + r.hf.removesuffix(".weight"), r.jax, o, i))
-    if len(out) != len(wanted) * cfg.num_layers:
-        raise ValueError(
-            f"LoRA targets {sorted(targets)}: the {cfg.family} mapping has {len(out)} of the "
-            f"{len(wanted) * cfg.num_layers} projections (an MoE MLP has no gate/up/down_proj)"
-        )
-    return out
-
-
-def adapter_shapes(cfg: Any, targets: Sequence[str], rank: int) -> list[tuple[str, tuple]]:
-    """(PEFT tensor name, shape) of every adapter tensor, in sending order: per module
-    ``lora_A.weight`` [r, in] then ``lora_B.weight`` [out, r].
-
-    Raises:
-        ValueError: see `adapter_modules`.
-    """
-    out: list[tuple[str, tuple]] = []
-    for mod in adapter_modules(cfg, targets):
-        out.append((f"{mod.peft}.lora_A.weight", (rank, mod.in_features)))
-        out.append((f"{mod.peft}.lora_B.weight", (mod.out_features, rank)))
-    return out
 
 
 def peft_tensors(
@@ -181,22 +112,5 @@ def save_peft_adapter(
         ValueError: `model` has no adapter.
     """
     tensors, facts = adapter_tensors(model, dtype)
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
-    config: dict[str, Any] = {
-        "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
-        "base_model_name_or_path": str(base),
-        "r": facts["r"],
-        "lora_alpha": facts["lora_alpha"],
-        "target_modules": facts["target_modules"],
-        "lora_dropout": 0.0,
-        "bias": "none",
-        "fan_in_fan_out": False,
-        "use_rslora": False,
-        "use_dora": False,
-        "inference_mode": True,
-    }
-    (out / "adapter_config.json").write_text(json.dumps(config, indent=2))
-    save_file(tensors, out / "adapter_model.safetensors", metadata={"format": "pt"})
-    return out
+    return write_peft_folder(path, tensors, facts["r"], facts["lora_alpha"],
+                             facts["target_modules"], base=base)  # fmt: skip

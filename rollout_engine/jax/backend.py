@@ -37,7 +37,7 @@ from rollout_engine.jax.engine import EngineConfig, JaxEngine
 from rollout_engine.jax.sampling import SamplingConfig as JaxSampling
 from rollout_engine.jax.stops import StopConfig
 from rollout_engine.jax.types import Request, SampleResult
-from transport.adapter_spec import AdapterSpec, check_adapter
+from transport.adapter_spec import check_adapter, served_adapter
 from transport.base import TransferError
 from transport.expected import checkpoint_tensors
 from transport.jax_transfer import JaxTransferReceiver
@@ -123,7 +123,7 @@ class JaxBackend(RolloutBackend):
         )
         params = nnx.split(model)[1]
         if self.adapter is not None:  # every adapter version is merged into this base copy
-            from models.checkpoints.peft_io import adapter_shapes
+            from models.checkpoints.peft_layout import adapter_shapes
             from models.params import flat_params
 
             self._base = flat_params(model)
@@ -317,16 +317,6 @@ class JaxBackend(RolloutBackend):
         if self._receiver is not None:
             self._receiver.close()
             self._receiver = None
-
-
-def served_adapter(rank: int, targets: Sequence[str]) -> AdapterSpec | None:
-    """The adapter an engine started with `rank` and `targets` serves (its alpha comes with
-    each version: the 1.0 here is a placeholder `check_adapter` ignores); None for rank 0.
-
-    Raises:
-        AdapterMismatch: a rank > 0 without targets.
-    """
-    return AdapterSpec.of(rank, 1.0, tuple(targets)) if rank else None
 
 
 def _completion(r: SampleResult, version: int, routes: bool = False) -> m.Completion:

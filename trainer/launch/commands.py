@@ -253,6 +253,9 @@ def engine_argv(
         "--max-concurrent-prompts", str(launch.max_concurrent_prompts),
         "--rejoin-s", str(float(launch.engine_rejoin_s)),
     ]  # fmt: skip
+    if job.run.sync.lora_only:  # the engine serves adapters of exactly this rank and targets
+        lora = job.run.lora
+        argv += ["--lora-rank", str(lora.rank), "--lora-targets", ",".join(lora.targets)]
     if backend == "vllm":
         argv += [
             "--vllm-tensor-parallel-size", str(launch.devices_per_engine),

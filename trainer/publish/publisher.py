@@ -81,7 +81,8 @@ from gateway.errors import GatewayError
 from mappings.apply import params_to_engine
 from mappings.registry import get_family
 from mappings.spec import Family, expand
-from models.checkpoints.peft_io import adapter_shapes, peft_tensors
+from models.checkpoints.peft_io import peft_tensors
+from models.checkpoints.peft_layout import adapter_shapes
 from trainer.publish.host_views import HostView, flat_of, host_copies
 from trainer.publish.local_shards import LocalBlocks, engine_arrays, local_blocks
 from trainer.publish.waits import EngineWaits, MembersLost, PushError, gone_from, ids_of

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from models.checkpoints.hf_io import load_hf_checkpoint
-from models.checkpoints.peft_io import adapter_shapes, adapter_tensors
+from models.checkpoints.peft_io import adapter_tensors
+from models.checkpoints.peft_layout import adapter_shapes
 from models.lora import add_lora
 from trainer.publish import WeightPublisher
 from transport.adapter_spec import AdapterSpec
