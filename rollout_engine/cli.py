@@ -159,6 +159,7 @@ def engine_spec(cfg: EngineProcessConfig) -> EngineSpec:
     """What the engine process of `cfg` registers with: backend, family, dtype, transports
     (preferred first), its devices and TP size (`device_counts`), name and host."""
     from gateway import messages as m
+    from transport.adapter_spec import adapter_key
 
     devices, tp = device_counts(cfg)
     return m.EngineSpec(
@@ -170,6 +171,7 @@ def engine_spec(cfg: EngineProcessConfig) -> EngineSpec:
         tp_size=tp,
         name=cfg.name,
         host=socket.gethostname(),
+        adapter=adapter_key(cfg.lora_rank, cfg.lora_targets),
     )
 
 

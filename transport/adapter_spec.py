@@ -79,6 +79,13 @@ def served_adapter(rank: int, targets: Sequence[str]) -> AdapterSpec | None:
     return AdapterSpec.of(rank, 1.0, tuple(targets)) if rank else None
 
 
+def adapter_key(rank: int, targets: Sequence[str]) -> str:
+    """The text that stands for a LoRA adapter's shape at registration
+    (`gateway.config.RunSettings.adapter`, compared as text by the gateway, which imports no
+    data-plane code): ``"lora r=8 targets=k_proj,q_proj"``; "" for rank 0 (full weights)."""
+    return f"lora r={rank} targets={','.join(sorted(set(targets)))}" if rank else ""
+
+
 def check_adapter(offered: AdapterSpec | None, served: AdapterSpec | None, version: int) -> None:
     """Check that a version's adapter fits the adapter an engine started with.
 
