@@ -100,7 +100,7 @@ async def _pushes(
 
         params = engine_params(model)  # the merged model a full push carries
     sender = make_sender(plane)
-    seconds, num_bytes = [], 0
+    seconds, num_bytes, add_lora_s = [], 0, []
     try:
         await backend.start()
         await backend.connect_transport(plane.model_dump())
@@ -110,15 +110,45 @@ async def _pushes(
             t0 = time.perf_counter()
             thread = threading.Thread(target=sender.send, args=(manifest, items))
             thread.start()
-            await backend.update_weights(manifest)
+            stats = await backend.update_weights(manifest)
             thread.join(600)
             if version > 1:
                 seconds.append(time.perf_counter() - t0)
+                if "add_lora_s" in stats.phases:
+                    add_lora_s.append(stats.phases["add_lora_s"])
             num_bytes = manifest.total_bytes
+        out: dict[str, Any] = {}
+        if engine == "vllm" and spec is not None:  # the other way vLLM offers: same id
+            out["new_id_add_lora_s"] = statistics.median(add_lora_s)
+            out["in_place_add_lora_s"] = await _in_place(backend, model, cfg, spec, repeats)
     finally:
         await backend.shutdown()
         sender.close()
         import shutil
 
         shutil.rmtree(root, ignore_errors=True)
-    return {"bytes": num_bytes, "seconds": statistics.median(seconds), "pushes_s": seconds}
+    return {"bytes": num_bytes, "seconds": statistics.median(seconds), "pushes_s": seconds, **out}
+
+
+async def _in_place(backend: Any, model: Any, cfg: Any, spec: AdapterSpec, repeats: int) -> float:
+    """Median seconds of vLLM's in-place reload of the current LoRA id (`LoRARequest(...,
+    load_inplace=True)`) from a PEFT folder of the same adapter: what replacing the adapter
+    under the same id would cost instead of `add_lora` of a new id. Not used by the engine:
+    requests in flight would switch adapters mid-sample with no record of where."""
+    from vllm.lora.request import LoRARequest
+
+    from models.checkpoints.peft_io import save_peft_adapter
+
+    current = backend._adapters.current
+    times = []
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as tmp:
+        folder = save_peft_adapter(model, Path(tmp) / "a")  # fp32; vLLM casts
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            req = LoRARequest(
+                current.lora_name, current.lora_int_id, str(folder), load_inplace=True
+            )
+            if not await backend.engine.add_lora(req):
+                raise RuntimeError("vLLM refused the in-place reload")
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
