@@ -14,6 +14,10 @@ spans, so no generated token is thrown away and the trainer sees exactly which t
 from which version (it bounds staleness per sample with the spans). Waiting for them to finish
 instead ("wait") would bring back the straggler stall this design exists to remove.
 
+An engine started with a LoRA rank (`lora_rank`, `sync.lora_only`) takes adapter-only
+versions instead: they arrive in this process and are loaded as a new LoRA id per version,
+with no pause (`rollout_engine.vllm.adapters`).
+
 If the update fails after some tensors were loaded, the engine holds a mix of two versions:
 it stays paused, `weight_version` is None and `generate` refuses, until an update succeeds.
 
