@@ -5,8 +5,8 @@ of the trained params, and the bytes a push carries.
 The step is `trainer.train_step.TrainStep` (forward, log-probs, GRPO loss, backward, clipped
 AdamW) on a one-device mesh over the dense batch of `benchmarks/train_step.py` (B rows of T
 tokens); with `--lora R` the adapters of rank R (alpha 2R) sit on all seven projections and
-only they are optimized (`trainer.lora.adapter_only`). After one compiling call `--steps` calls
-are timed; the figure is the median.
+only they are trained (`TrainStep(trainable=is_adapter)`: only their gradients are computed).
+After one compiling call `--steps` calls are timed; the figure is the median.
 
 Push bytes: by default a LoRA push carries the merged model (`models.lora.engine_params`), the
 same bytes as a full push (`push_bytes`); `adapter_bytes` is what an adapter-only push
@@ -14,10 +14,12 @@ same bytes as a full push (`push_bytes`); `adapter_bytes` is what an adapter-onl
 pushes themselves are measured by `python benchmarks/weight_sync.py --lora RANK`.
 
 Measured 2026-12-04 on a 2-core AMD EPYC (avx2, avx512f, avx512_bf16), shared, `small` model
-(27 M params, fp32, B 8 x T 256), rank 16 on all seven projections: optimizer state 7.5 MB
-against 218 MB (0.034), peak RSS 1.98 against 2.06 GiB (0.96: activations dominate), seconds
-per step 3.14 against 3.08 (1.02: the base gradients are still computed), push bytes equal
-(merged weights), an adapter-only push would carry 3.7 MB of 109 MB (0.034).
+(27 M params, fp32, B 8 x T 256), rank 16 on all seven projections, gradients of the adapters
+only: optimizer state 7.5 MB against 218 MB (0.034), peak RSS 1.77 against 2.07 GiB (0.86;
+0.96 while the base gradients were still computed: activations dominate at this size),
+seconds per step 3.79 against 3.73 (1.02: the unmerged adapters' dots cost what the base
+weight gradients saved), push bytes equal (merged weights), an adapter-only push would carry
+3.7 MB of 109 MB (0.034).
 
 Usage: python benchmarks/lora_train.py [--model small|smollm2] [--lora 16] [--steps 3]
 Prints one line per run, then one JSON object on the last line (ratios LoRA / full).
@@ -51,7 +53,6 @@ def run(model_name: str, rank: int, steps: int) -> dict[str, Any]:
 
     from models.lora import add_lora, engine_params, is_adapter
     from models.sharding import make_mesh
-    from trainer.lora import adapter_only
     from trainer.losses import make_loss
     from trainer.optim import OptimizerConfig, make_optimizer
     from trainer.train_step import TrainStep
@@ -61,10 +62,11 @@ def run(model_name: str, rank: int, steps: int) -> dict[str, Any]:
     if rank:
         add_lora(model, rank, 2.0 * rank, ("q_proj", "k_proj", "v_proj", "o_proj",
                  "gate_proj", "up_proj", "down_proj"), jax.random.key(0))  # fmt: skip
-        tx = adapter_only(tx)
     rows, length = DEFAULT_SHAPES[model_name]
     batch = dense_batch(rows, length, model.cfg.vocab_size)
-    step = TrainStep(model, make_loss("grpo"), tx, make_mesh(1, 1, devices=jax.devices()[:1]))
+    mesh = make_mesh(1, 1, devices=jax.devices()[:1])
+    trainable = is_adapter if rank else None
+    step = TrainStep(model, make_loss("grpo"), tx, mesh, trainable=trainable)
     state = step.init_state(model)
     state, _ = step(state, batch)  # compiles
     times = []

@@ -6,7 +6,7 @@ from jax.sharding import Mesh
 
 from models.decoder import Decoder
 from trainer.config import Config
-from trainer.lora import adapter_only, attach_lora
+from trainer.lora import attach_lora, trainable
 from trainer.losses import make_loss
 from trainer.losses.base import PolicyLoss
 from trainer.losses.corrections import make_correction
@@ -48,13 +48,13 @@ def train_step_from_config(cfg: Config, model: Decoder, mesh: Mesh) -> TrainStep
     attention block, FSDP threshold, scanned layers, remat, routing replay and the MoE
     load-balancing coefficient; with a KL term (``loss.kl_coef > 0``) `model`, as it is now,
     becomes the frozen reference. With ``lora.rank > 0`` the adapters are first added to
-    `model` (in place) and only they are optimized (`trainer.lora`)."""
+    `model` (in place) and only they are trained (`trainer.lora`)."""
     attach_lora(cfg, model)
     tx = make_optimizer(optimizer_config(cfg))
     step = TrainStep(
         model,
         loss_from_config(cfg),
-        adapter_only(tx) if cfg.lora.rank > 0 else tx,
+        tx,
         mesh,
         temperature=cfg.rollout.temperature,
         top_k=cfg.rollout.top_k,
@@ -67,6 +67,7 @@ def train_step_from_config(cfg: Config, model: Decoder, mesh: Mesh) -> TrainStep
         remat=cfg.model.remat,
         routing_replay=cfg.loss.routing_replay == "engine",
         moe_aux_coef=cfg.loss.moe_aux_coef,
+        trainable=trainable(cfg),
     )
     if cfg.loss.kl_coef > 0:
         step.set_reference(model)

@@ -1,34 +1,28 @@
-"""LoRA in the train step: adapters attached from the config, only they in the optimizer.
+"""LoRA in the train step: adapters attached from the config, only they trained.
 
-`adapter_only(tx)` is `optax.multi_transform`: the adapters (`models.lora.is_adapter` paths)
-get `tx` (clipping, AdamW) and its state; every base param gets `optax.set_to_zero()`, which
-holds no state, so the base stays frozen and the optimizer state is the adapters' size.
-The base's gradients are still computed by the step's `jax.value_and_grad` (and dropped).
+`trainable(cfg)` names the adapters (`models.lora.is_adapter` paths) as the train step's
+trainable params: the step's `jax.value_and_grad` differentiates them alone (the base params
+are closed over, so no base weight gradient is computed or held), and the optimizer (clipping,
+AdamW) and its state cover them alone, so the base stays frozen and the gradients and the
+optimizer state are the adapters' size (Hu et al. 2021, "LoRA", section 4.2).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
-import optax
 
 from models.decoder import Decoder
 from models.lora import add_lora, is_adapter
 from trainer.config import Config
 
 
-def adapter_only(tx: optax.GradientTransformation) -> optax.GradientTransformation:
-    """`tx` on the LoRA params of a flat param dict (path -> array), zero updates elsewhere.
-
-    Raises (on `init`): ValueError when the params hold no adapter (nothing would train).
-    """
-
-    def labels(params: dict[str, jax.Array]) -> dict[str, str]:
-        out = {p: "adapter" if is_adapter(p) else "frozen" for p in params}
-        if "adapter" not in out.values():
-            raise ValueError("adapter_only: the params hold no LoRA adapter (lora_a / lora_b)")
-        return out
-
-    return optax.multi_transform({"adapter": tx, "frozen": optax.set_to_zero()}, labels)
+def trainable(cfg: Config) -> Callable[[str], bool] | None:
+    """Which params a run trains, for `TrainStep`'s ``trainable``: with ``lora.rank > 0`` the
+    adapters (`models.lora.is_adapter`: gradients, optimizer and its state for them only, the
+    base frozen), else None (every param)."""
+    return is_adapter if cfg.lora.rank > 0 else None
 
 
 def attach_lora(cfg: Config, model: Decoder) -> None:

@@ -19,6 +19,7 @@ apply.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -137,6 +138,10 @@ class TrainStep:
         routes reports ``routing_agreement`` either way.
       moe_aux_coef: weight of the load-balancing loss of a mixture-of-experts model
         (`trainer.moe_aux`); 0 (default): off, the routers are not recorded.
+      trainable: which params train, by dot path (e.g. `models.lora.is_adapter` for LoRA);
+        None (default): all. The others are frozen: no gradient is computed for them (the
+        backward pass still runs through them to reach the trainable ones), `tx` and its
+        state cover the trainable params only, and ``grad_norm`` is theirs.
 
     Precision: the params (master weights) and the optimizer state keep the model's
     ``param_dtype``; the forward casts each weight to ``cfg.dtype`` where it is used, so
@@ -151,7 +156,8 @@ class TrainStep:
     Raises:
       MeshError: the mesh's "tp" does not divide the model's heads or KV heads, or its "ep"
         is above 1 on a dense model or does not divide num_experts.
-      ValueError: a bad setting above (named), or a param dim its mesh axes do not split.
+      ValueError: a bad setting above (named), a param dim its mesh axes do not split, or a
+        `trainable` that selects no param.
     """
 
     def __init__(
@@ -172,6 +178,7 @@ class TrainStep:
         remat: str = "none",
         routing_replay: bool = False,
         moe_aux_coef: float = 0.0,
+        trainable: Callable[[str], bool] | None = None,
     ):
         remat_policy(remat)  # raises on an unknown name
         check_routing_replay(model.cfg, routing_replay, scan_layers, remat)
@@ -204,6 +211,12 @@ class TrainStep:
         self._abstract = {
             k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in flat_params(model).items()
         }
+        self._trained = [k for k in self._abstract if trainable is None or trainable(k)]
+        if not self._trained:
+            raise ValueError(
+                f"trainable selects none of the model's {len(self._abstract)} params (a LoRA "
+                "run whose model holds no adapter?): nothing would train"
+            )
         self._replicated = NamedSharding(mesh, P())
         axes = param_axes(model)
         self._param_shardings = {
@@ -211,7 +224,7 @@ class TrainStep:
             for k, v in self._abstract.items()
         }
         self._opt_shardings = jax.tree_util.tree_map_with_path(
-            self._place_moment, jax.eval_shape(tx.init, self._abstract)
+            self._place_moment, jax.eval_shape(tx.init, self._of_trained(self._abstract))
         )
         self.shardings = TrainState(self._param_shardings, self._opt_shardings, self._replicated)
         self.ref_params: Params | None = None
@@ -228,6 +241,10 @@ class TrainStep:
                 return self._param_shardings[name]
         return self._replicated
 
+    def _of_trained(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The trainable entries of a flat param dict (what `tx` and the gradients cover)."""
+        return {k: params[k] for k in self._trained}
+
     def abstract_state(self) -> TrainState:
         """Shapes, dtypes and shardings of the state (a restore target for orbax)."""
         params = {
@@ -236,7 +253,7 @@ class TrainStep:
         }
         opt = jax.tree.map(
             lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-            jax.eval_shape(self.tx.init, params),
+            jax.eval_shape(self.tx.init, self._of_trained(params)),
             self._opt_shardings,
         )
         step = jax.ShapeDtypeStruct((), jnp.int32, sharding=self._replicated)
@@ -246,7 +263,8 @@ class TrainStep:
         """Copies of `model`'s params placed on the mesh (the model stays valid: steps donate
         the state, never the model's arrays) and a fresh optimizer state there."""
         params = {k: put(v, self._param_shardings[k]) for k, v in flat_params(model).items()}
-        opt_state = jax.jit(self.tx.init, out_shardings=self._opt_shardings)(params)
+        init = jax.jit(self.tx.init, out_shardings=self._opt_shardings)
+        opt_state = init(self._of_trained(params))
         return TrainState(params, opt_state, jax.device_put(jnp.int32(step), self._replicated))
 
     def set_reference(self, model: Decoder) -> None:
@@ -384,12 +402,16 @@ class TrainStep:
     def _step(self, state: TrainState, batch: RLBatch, ref: Params | None):
         normalizer = full_batch_normalizer(self.loss, jnp.asarray(batch.loss_mask))
         total = jnp.maximum(jnp.sum(jnp.asarray(batch.loss_mask, jnp.float32)), 1.0)
-        grad_fn = jax.value_and_grad(self._loss, has_aux=True)
+        trained = self._of_trained(state.params)
+        frozen = {k: v for k, v in state.params.items() if k not in trained}
+        grad_fn = jax.value_and_grad(
+            lambda p, *args: self._loss({**frozen, **p}, *args), has_aux=True
+        )  # gradients of the trainable params only
         micro = jax.tree.map(self._split, batch)
 
         def body(acc, mb):
             grads, totals = acc
-            (loss, (m, logp)), g = grad_fn(state.params, mb, normalizer, ref, total)
+            (loss, (m, logp)), g = grad_fn(trained, mb, normalizer, ref, total)
             n = m["num_tokens"]
             grads = jax.tree.map(jnp.add, grads, g)
             totals = {
@@ -404,7 +426,7 @@ class TrainStep:
             }
             return (grads, totals), logp
 
-        zeros = jax.tree.map(jnp.zeros_like, state.params)
+        zeros = jax.tree.map(jnp.zeros_like, trained)
         extra = CORRECTION_METRICS if self.loss.correction is not None else ()
         extra += ROUTE_SUMS if batch.routes is not None else ()
         extra += ("moe_aux_loss",) if self.moe_aux_coef > 0 else ()
@@ -420,8 +442,8 @@ class TrainStep:
             micro.lag.reshape(-1),
         )
         tokens = jnp.maximum(totals["num_tokens"], 1.0)
-        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        updates, opt_state = self.tx.update(grads, state.opt_state, trained)
+        params = {**state.params, **optax.apply_updates(trained, updates)}
         metrics = {
             "loss": totals["loss"],
             "pg_loss": totals["pg_loss"],

@@ -33,3 +33,28 @@ def smoke_command(run_dir: Path, *overrides: str) -> list[str]:
 def jsonl_rows(path: Path) -> list[dict]:
     """The JSON objects of a JSONL file (metrics.jsonl, groups.jsonl, eval files), in order."""
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def assert_no_group_lost(
+    loop: dict, summary: dict | None = None, groups: list[dict] | None = None
+) -> int:
+    """Checks a finished run's group accounting and returns how many groups were filtered.
+
+    `loop` is the ``loop`` section of ``job_summary.json`` / ``trainer_result.json``:
+    every group submitted was trained, filtered (lag, zero variance, aborted) or still in flight
+    at the stop. With the job's `summary`, every in-flight group came back (waiting in the
+    trainer or drained after the stop). With the run's ``groups.jsonl`` rows (`groups`), every
+    trained sample id appears once and the trained rows count ``trained_groups``.
+
+    Raises:
+        AssertionError: a group lost or counted twice.
+    """
+    filtered = loop["filtered_lag"] + loop["filtered_zero_variance"] + loop["filtered_aborted"]
+    assert loop["submitted"] == loop["trained_groups"] + filtered + loop["in_flight"], loop
+    if summary is not None:
+        back = summary["in_flight_waiting_in_trainer"] + summary["in_flight_drained_after_stop"]
+        assert back == loop["in_flight"], (back, loop)
+    if groups is not None:
+        trained = [g["sample_id"] for g in groups if g["outcome"] == "trained"]
+        assert len(trained) == len(set(trained)) == loop["trained_groups"], (len(trained), loop)
+    return int(filtered)

@@ -30,14 +30,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from gateway.client import GatewayClient
 from gateway.events import read_events
-from tests.integration.smoke_job import REPO, child_env, jsonl_rows
+from tests.integration.smoke_job import REPO, assert_no_group_lost, child_env, jsonl_rows
 
 STEPS = 20
 
@@ -179,12 +178,7 @@ def test_two_jax_one_vllm_engine_survive_two_kills(tmp_path):
     metrics = jsonl_rows(run_dir / "metrics.jsonl")
     assert [r["step"] for r in metrics] == list(range(1, STEPS + 1))
     assert (loop["steps"], loop["version"]) == (STEPS, STEPS)
-    groups = jsonl_rows(run_dir / "groups.jsonl")
-    trained = [g["sample_id"] for g in groups if g["outcome"] == "trained"]
-    assert len(trained) == len(set(trained)) == loop["trained_groups"]
-    filtered = loop["filtered_lag"] + loop["filtered_zero_variance"] + loop["filtered_aborted"]
-    assert loop["submitted"] == loop["trained_groups"] + filtered + loop["in_flight"]
-    assert Counter(g["outcome"] for g in groups)["trained"] == loop["trained_groups"]
+    assert_no_group_lost(loop, groups=jsonl_rows(run_dir / "groups.jsonl"))
 
     events = read_events(run_dir / "logs" / "gateway_events.jsonl")
     by = lambda kind, engine: [e for e in events if e["event"] == kind and e["engine"] == engine]  # noqa: E731

@@ -30,7 +30,7 @@ import pytest
 
 from gateway.client import GatewayClient
 from gateway.events import read_events
-from tests.integration.smoke_job import REPO, child_env, jsonl_rows
+from tests.integration.smoke_job import REPO, assert_no_group_lost, child_env, jsonl_rows
 
 DELAYS = (0.0, 0.1, 0.2)
 
@@ -83,11 +83,7 @@ def _check_accounting(run_dir: Path, steps: int) -> dict:
     metrics = jsonl_rows(run_dir / "metrics.jsonl")
     assert [r["step"] for r in metrics] == list(range(1, steps + 1))
     assert (loop["steps"], loop["version"]) == (steps, steps)
-    groups = jsonl_rows(run_dir / "groups.jsonl")
-    trained = [g["sample_id"] for g in groups if g["outcome"] == "trained"]
-    assert len(trained) == len(set(trained)) == loop["trained_groups"]
-    filtered = loop["filtered_lag"] + loop["filtered_zero_variance"] + loop["filtered_aborted"]
-    assert loop["submitted"] == loop["trained_groups"] + filtered + loop["in_flight"]
+    assert_no_group_lost(loop, groups=jsonl_rows(run_dir / "groups.jsonl"))
     return summary
 
 

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from tests.integration.smoke_job import REPO, child_env, jsonl_rows
+from tests.integration.smoke_job import REPO, assert_no_group_lost, child_env, jsonl_rows
 
 STEPS, PROMPTS = 3, 4  # configs/smoke_moe.yaml
 
@@ -49,8 +49,7 @@ def test_moe_smoke_job_end_to_end(tmp_path, backend):
     aux = [r["train/moe_aux_loss"] for r in metrics]
     assert all(math.isfinite(x) and 0 < x <= 2 * 8 for x in aux), aux  # k = 2, E = 8
     assert loop["trained_groups"] == STEPS * PROMPTS
-    filtered = loop["filtered_lag"] + loop["filtered_zero_variance"] + loop["filtered_aborted"]
-    assert loop["submitted"] == loop["trained_groups"] + filtered + loop["in_flight"]
+    assert_no_group_lost(loop)
     for tag, version in (("before", 0), ("after", STEPS)):
         assert summary[f"eval_{tag}"]["version"] == version
     assert summary["exit_codes"] == {"gateway": 0, "engine0": 0}

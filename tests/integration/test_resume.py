@@ -16,7 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.smoke_job import REPO, child_env, jsonl_rows, smoke_command
+from tests.integration.smoke_job import (
+    REPO,
+    assert_no_group_lost,
+    child_env,
+    jsonl_rows,
+    smoke_command,
+)
 
 STEPS, MAX_LAG = 8, 1  # configs/smoke.yaml has max_lag 1
 
@@ -26,9 +32,7 @@ def _command(run_dir: Path, *overrides: str) -> list[str]:
 
 
 def _consumed(loop: dict) -> int:
-    filtered = loop["filtered_lag"] + loop["filtered_zero_variance"] + loop["filtered_aborted"]
-    assert loop["submitted"] == loop["trained_groups"] + filtered + loop["in_flight"]
-    return loop["trained_groups"] + filtered
+    return loop["trained_groups"] + assert_no_group_lost(loop)
 
 
 @pytest.mark.slow
