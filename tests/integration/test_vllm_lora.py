@@ -30,6 +30,7 @@ from models.lora import TARGETS, add_lora
 from models.params import flat_params
 from trainer.publish import WeightPublisher
 from transport.adapter_spec import AdapterMismatch, AdapterSpec
+from transport.base import TransferError
 from transport.config import FileTransportConfig
 from transport.file import FileSender
 
@@ -114,6 +115,14 @@ def test_vllm_serves_pushed_adapters_as_peft_does(tmp_path, monkeypatch) -> None
         with pytest.raises(AdapterMismatch, match="carries full weights"):
             await backend.update_weights(manifest(3, None))
         out["after_refusals"] = backend.weight_version
+        # the sender never comes: the wait times out, the v2 adapter stays current
+        quiet = FileTransportConfig(root=str(tmp_path / "quiet"), timeout_s=1.0)
+        await backend.connect_transport(quiet.model_dump())
+        man = manifest(3, AdapterSpec.of(RANK, ALPHA, ALL))
+        with pytest.raises(TransferError, match="not committed within 1.0 s"):
+            await backend.update_weights(man)
+        (kept,) = await backend.generate(prompt("kept", 12, 0.0))
+        out["after_timeout"] = (backend.weight_version, list(kept.token_ids), kept.version_spans)
         return out
 
     loop = asyncio.new_event_loop()
@@ -138,6 +147,7 @@ def test_vllm_serves_pushed_adapters_as_peft_does(tmp_path, monkeypatch) -> None
     assert list(held_spans) == [(1, 0, 48)]
     assert out["loaded"] == {3}  # v2's id only: v1's went when its last request ended
     assert out["after_refusals"] == 2
+    assert out["after_timeout"] == (2, g2, ((2, 0, 12),))
     full = sum(int(np.prod(p.shape)) * 4 for p in flat_params(load_hf_checkpoint(path)[1]).values())
     assert out["bytes"] < full / 4
     print(f"adapter push {out['bytes']} B, full model {full} B; max log-prob gap {gap:.2e}")

@@ -23,6 +23,7 @@ from models.params import flat_params
 from rollout_engine.jax.backend import JaxBackend, JaxBackendConfig
 from trainer.publish import WeightPublisher
 from transport.adapter_spec import AdapterMismatch, AdapterSpec
+from transport.base import TransferError
 from transport.config import FileTransportConfig
 from transport.file import FileSender
 from transport.manifest import Manifest
@@ -124,6 +125,14 @@ def test_adapter_versions_merge_into_the_base_and_match_peft(
             with pytest.raises(AdapterMismatch, match="carries full weights"):
                 await lora.update_weights(full)
             assert lora.weight_version == 2
+            # the sender never comes: the wait times out, the engine keeps version 2
+            quiet = FileTransportConfig(root=str(tmp_path / "quiet"), timeout_s=1.0)
+            await lora.connect_transport(quiet.model_dump())
+            with pytest.raises(TransferError, match="not committed within 1.0 s"):
+                await lora.update_weights(publisher.manifest(3))
+            assert lora.weight_version == 2
+            (kept,) = await lora.generate(m.Prompt("k", np.asarray(PROMPT, np.int32), 1, greedy))
+            got.append(list(kept.token_ids))
             with pytest.raises(AdapterMismatch, match="started without LoRA"):
                 await plain.update_weights(publisher.manifest(1))
             assert plain.weight_version == 0
@@ -135,4 +144,4 @@ def test_adapter_versions_merge_into_the_base_and_match_peft(
     got = asyncio.run(scenario())
     base_greedy = got[0]
     assert expected[0] != base_greedy and expected[1] != expected[0]  # the adapters matter
-    assert got[1:] == expected
+    assert got[1:] == [*expected, expected[1]]  # the last after the failed push: still v2
