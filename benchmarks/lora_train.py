@@ -8,9 +8,10 @@ tokens); with `--lora R` the adapters of rank R (alpha 2R) sit on all seven proj
 only they are trained (`TrainStep(trainable=is_adapter)`: only their gradients are computed).
 After one compiling call `--steps` calls are timed; the figure is the median.
 
-Push bytes: today a LoRA push carries the merged model (`models.lora.engine_params`), the
-same bytes as a full push (`push_bytes`); `adapter_bytes` is what an adapter-only push would
-carry (A and B in the param dtype), computed from the shapes, not measured on a wire.
+Push bytes: by default a LoRA push carries the merged model (`models.lora.engine_params`), the
+same bytes as a full push (`push_bytes`); `adapter_bytes` is what an adapter-only push
+(`sync.lora_only`) carries (A and B in the param dtype), computed here from the shapes; the
+pushes themselves are measured by `python benchmarks/weight_sync.py --lora RANK`.
 
 Measured 2026-12-04 on a 2-core AMD EPYC (avx2, avx512f, avx512_bf16), shared, `small` model
 (27 M params, fp32, B 8 x T 256), rank 16 on all seven projections, gradients of the adapters

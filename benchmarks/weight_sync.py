@@ -85,6 +85,8 @@ each of them into the JAX engine.
 Usage: python benchmarks/weight_sync.py [--models smollm2,0.5b,0.1b] [--bucket-mb 256,64,16]
     [--repeats 2] [--dtype bfloat16] [--tp 1] [--tp-shards on,off] [--fresh-engine]
     [--data-plane gloo,shm] [--trainer-processes 1,2 --steps 4 [--data-plane gloo,jax_transfer]]
+    [--lora RANK [--engines jax,vllm] [--models smollm2|tiny|0.5b|0.1b]] (adapter-only against
+    full pushes: benchmarks/lora_sync.py)
 Prints one line per push, then one JSON object on the last line: its top-level figures are the
 first model at the first data plane, the first `--tp-shards` value and the first bucket size
 (256 MiB, the transport's default bucket), `models` holds every model, data plane, `--tp-shards`
@@ -521,7 +523,37 @@ def main() -> None:
         "trainer as that many processes (benchmarks/trainer_processes.py)",
     )
     parser.add_argument("--steps", type=int, default=4, help="job steps per --trainer-processes")
+    parser.add_argument(
+        "--lora",
+        type=int,
+        default=0,
+        help="RANK > 0: instead of the pushes above, adapter-only pushes of this rank against "
+        "full pushes of the merged model, into each --engines (benchmarks/lora_sync.py)",
+    )
+    parser.add_argument("--engines", default="jax,vllm", help="with --lora: comma-separated")
     args = parser.parse_args()
+    if args.lora:
+        from lora_sync import bench_lora
+
+        engines = [x for x in args.engines.split(",") if x]
+        name = args.models.split(",")[0]
+        known = ("smollm2", "tiny", *RANDOM_MODELS)
+        if args.lora < 0 or not engines or set(engines) - {"jax", "vllm"} or args.repeats < 1:
+            parser.error("--lora takes a rank >= 1; --engines jax and/or vllm; --repeats >= 1")
+        if name not in known:
+            parser.error(f"with --lora, --models takes one of {list(known)} (got {name!r})")
+        with tempfile.TemporaryDirectory() as tmp:
+            if name == "smollm2":
+                path = ensure_smollm2()
+            elif name == "tiny":  # the tests' SmolLM2-shaped random model
+                path = make_tiny_checkpoint(Path(tmp) / name, "smollm2")
+            else:
+                path = make_tiny_checkpoint(
+                    Path(tmp) / name, "llama", dtype="bfloat16", **RANDOM_MODELS[name]
+                )
+            result = bench_lora(path, args.lora, engines, args.dtype, args.repeats)
+        print(json.dumps({"model": name, "rank": args.lora, "dtype": args.dtype, **result}))
+        return
     if args.trainer_processes:
         counts = [int(x) for x in args.trainer_processes.split(",") if x]
         if not counts or min(counts) < 1 or args.steps < 2:

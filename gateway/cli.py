@@ -55,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--transport", default="")
     serve.add_argument("--rendezvous", default="")
     serve.add_argument("--backends", default="", help="comma-separated allowed backends")
+    serve.add_argument(
+        "--adapter", default="", help="adapter-only run: the LoRA engines must serve (their key)"
+    )
     serve.add_argument("--log-level", default="INFO")
     serve.add_argument(
         "--events-file", type=Path, help="append the event log (gateway.events) here, JSONL"
@@ -135,6 +138,7 @@ def _config(args: argparse.Namespace) -> GatewayConfig:
             transport=args.transport,
             rendezvous_address=args.rendezvous,
             backends=tuple(b for b in args.backends.split(",") if b),
+            adapter=args.adapter,
         ),
     )
     overrides = _overrides(args.set)

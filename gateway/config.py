@@ -14,7 +14,9 @@ import math
 class RunSettings:
     """The run's settings as the trainer configures them (empty: not decided): the model
     family, its mapping (empty: the family's own), the wire dtype, the data-plane transport,
-    its rendezvous address (HOST:PORT) and the engine backends the run accepts."""
+    its rendezvous address (HOST:PORT), the engine backends the run accepts and, for an
+    adapter-only run, the LoRA adapter its engines must serve (`adapter`, compared as text
+    with the engine's own: `transport.adapter_spec.adapter_key`)."""
 
     model_family: str = ""
     mapping: str = ""
@@ -22,6 +24,7 @@ class RunSettings:
     transport: str = ""
     rendezvous_address: str = ""
     backends: tuple[str, ...] = ()
+    adapter: str = ""
 
 
 #: Most characters in PublishVersion's params when `max_param_bytes` is 0 (4 MiB).

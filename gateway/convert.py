@@ -195,6 +195,7 @@ def settings_to_pb(s: m.RunSettings) -> gpb.RunSettings:
         transport=s.transport,
         rendezvous_address=s.rendezvous_address,
         backends=list(s.backends),
+        adapter=s.adapter,
     )
 
 
@@ -207,6 +208,7 @@ def settings_from_pb(s: gpb.RunSettings) -> m.RunSettings:
         transport=s.transport,
         rendezvous_address=s.rendezvous_address,
         backends=tuple(s.backends),
+        adapter=s.adapter,
     )
 
 
@@ -222,6 +224,7 @@ def spec_to_pb(e: m.EngineSpec) -> gpb.RegisterRequest:
         transports=list(e.transports),
         weight_version=e.weight_version,
         host=e.host,
+        adapter=e.adapter,
     )
 
 

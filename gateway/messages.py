@@ -247,6 +247,9 @@ class EngineSpec:
     name: str = ""
     weight_version: int = 0
     host: str = ""
+    adapter: str = ""
+    """The LoRA adapter it serves adapter-only versions of (`RunSettings.adapter`); empty:
+    full-weight versions."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -85,6 +85,16 @@ def negotiate(run: gpb.RunSettings, req: gpb.RegisterRequest) -> Decision:
             f"transport unsupported: the run moves weights over {shown(run.transport)}, "
             f"the engine supports {shown(list(req.transports))}",
         )
+    if run.adapter != req.adapter:
+        run_takes = f"adapter-only versions of {shown(run.adapter)}" if run.adapter else (
+            "full-weight versions"
+        )  # fmt: skip
+        engine_takes = f"adapter-only versions of {shown(req.adapter)}" if req.adapter else (
+            "full-weight versions only (started without LoRA)"
+        )  # fmt: skip
+        return Decision(
+            agreed, f"adapter differs: the run pushes {run_takes}, the engine takes {engine_takes}"
+        )
     agreed.dtype = run.dtype or req.dtype
     agreed.transport = run.transport or req.transports[0]
     agreed.mapping = run.mapping or run.model_family

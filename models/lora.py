@@ -29,19 +29,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from models.checkpoints.peft_layout import TARGETS
 from models.decoder import Decoder
 from models.params import flat_params
-
-#: PEFT target name -> (sub-module, projection) of a `models.decoder.Block`.
-TARGETS: dict[str, tuple[str, str]] = {
-    "q_proj": ("attn", "q"),
-    "k_proj": ("attn", "k"),
-    "v_proj": ("attn", "v"),
-    "o_proj": ("attn", "o"),
-    "gate_proj": ("mlp", "gate"),
-    "up_proj": ("mlp", "up"),
-    "down_proj": ("mlp", "down"),
-}
 
 #: Path suffixes of the adapter params in `models.params.flat_params`.
 ADAPTER_NAMES = ("lora_a", "lora_b")

@@ -20,20 +20,22 @@ SYNC_PHASE_LOADED: SyncPhase
 SYNC_PHASE_FAILED: SyncPhase
 
 class RunSettings(_message.Message):
-    __slots__ = ("model_family", "mapping", "dtype", "transport", "rendezvous_address", "backends")
+    __slots__ = ("model_family", "mapping", "dtype", "transport", "rendezvous_address", "backends", "adapter")
     MODEL_FAMILY_FIELD_NUMBER: _ClassVar[int]
     MAPPING_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     RENDEZVOUS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     BACKENDS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     model_family: str
     mapping: str
     dtype: str
     transport: str
     rendezvous_address: str
     backends: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, model_family: _Optional[str] = ..., mapping: _Optional[str] = ..., dtype: _Optional[str] = ..., transport: _Optional[str] = ..., rendezvous_address: _Optional[str] = ..., backends: _Optional[_Iterable[str]] = ...) -> None: ...
+    adapter: str
+    def __init__(self, model_family: _Optional[str] = ..., mapping: _Optional[str] = ..., dtype: _Optional[str] = ..., transport: _Optional[str] = ..., rendezvous_address: _Optional[str] = ..., backends: _Optional[_Iterable[str]] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class ConfigureRequest(_message.Message):
     __slots__ = ("settings",)
@@ -50,7 +52,7 @@ class ConfigureReply(_message.Message):
     def __init__(self, settings: _Optional[_Union[RunSettings, _Mapping]] = ..., current_version: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("name", "backend", "device_count", "tp_size", "model_family", "dtype", "transports", "weight_version", "host")
+    __slots__ = ("name", "backend", "device_count", "tp_size", "model_family", "dtype", "transports", "weight_version", "host", "adapter")
     NAME_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     DEVICE_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +62,7 @@ class RegisterRequest(_message.Message):
     TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     name: str
     backend: str
     device_count: int
@@ -69,7 +72,8 @@ class RegisterRequest(_message.Message):
     transports: _containers.RepeatedScalarFieldContainer[str]
     weight_version: int
     host: str
-    def __init__(self, name: _Optional[str] = ..., backend: _Optional[str] = ..., device_count: _Optional[int] = ..., tp_size: _Optional[int] = ..., model_family: _Optional[str] = ..., dtype: _Optional[str] = ..., transports: _Optional[_Iterable[str]] = ..., weight_version: _Optional[int] = ..., host: _Optional[str] = ...) -> None: ...
+    adapter: str
+    def __init__(self, name: _Optional[str] = ..., backend: _Optional[str] = ..., device_count: _Optional[int] = ..., tp_size: _Optional[int] = ..., model_family: _Optional[str] = ..., dtype: _Optional[str] = ..., transports: _Optional[_Iterable[str]] = ..., weight_version: _Optional[int] = ..., host: _Optional[str] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class SyncDirective(_message.Message):
     __slots__ = ("pending", "target_version", "params", "seq")

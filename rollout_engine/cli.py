@@ -42,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--family", default="", help="model family (default: from config.json)")
     p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--initial-version", type=int, default=0)
+    p.add_argument("--lora-rank", type=int, default=0, help="> 0: serve adapter-only versions")
+    p.add_argument("--lora-targets", default="", help="comma-separated PEFT target names")
     p.add_argument("--name", default="", help="engine name in the gateway status")
     p.add_argument("--transports", default="gloo,file,shm", help="comma-separated, preferred first")
     p.add_argument("--log-level", default="INFO")
@@ -102,6 +104,8 @@ def parse(argv: list[str] | None = None) -> EngineProcessConfig:
             family=a["family"],
             dtype=a["dtype"],
             initial_version=a["initial_version"],
+            lora_rank=a["lora_rank"],
+            lora_targets=tuple(t for t in a["lora_targets"].split(",") if t),
             name=a["name"],
             transports=tuple(t for t in a["transports"].split(",") if t),
             log_level=a["log_level"],
@@ -124,6 +128,8 @@ def make_backend(cfg: EngineProcessConfig):
                 model=str(cfg.model),
                 dtype=cfg.dtype,
                 initial_version=cfg.initial_version,
+                lora_rank=cfg.lora_rank,
+                lora_targets=cfg.lora_targets,
                 **cfg.vllm.model_dump(),
             )
         )
@@ -134,6 +140,8 @@ def make_backend(cfg: EngineProcessConfig):
             model=str(cfg.model),
             dtype=cfg.dtype,
             initial_version=cfg.initial_version,
+            lora_rank=cfg.lora_rank,
+            lora_targets=cfg.lora_targets,
             **cfg.jax.model_dump(),
         )
     )
@@ -151,6 +159,7 @@ def engine_spec(cfg: EngineProcessConfig) -> EngineSpec:
     """What the engine process of `cfg` registers with: backend, family, dtype, transports
     (preferred first), its devices and TP size (`device_counts`), name and host."""
     from gateway import messages as m
+    from transport.adapter_spec import adapter_key
 
     devices, tp = device_counts(cfg)
     return m.EngineSpec(
@@ -162,6 +171,7 @@ def engine_spec(cfg: EngineProcessConfig) -> EngineSpec:
         tp_size=tp,
         name=cfg.name,
         host=socket.gethostname(),
+        adapter=adapter_key(cfg.lora_rank, cfg.lora_targets),
     )
 
 

@@ -118,6 +118,11 @@ class EngineProcessConfig(BaseModel):
     """Engine dtype (torch name); every weight update must arrive in it."""
     initial_version: int = Field(default=0, ge=0)
     """The weight version the checkpoint counts as."""
+    lora_rank: int = Field(default=0, ge=0)
+    """> 0: serve adapter-only versions (`sync.lora_only`) of this LoRA rank on the
+    checkpoint as base; 0: full-weight versions only."""
+    lora_targets: tuple[str, ...] = ()
+    """With lora_rank: the adapted projections by PEFT name (q_proj, ..., down_proj)."""
     name: str = ""
     """Engine name shown in the gateway status (default: the backend)."""
     transports: tuple[str, ...] = ("gloo", "file", "shm")

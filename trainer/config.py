@@ -286,6 +286,12 @@ class SyncSection(_Section):
     flush_timeout_s: float = Field(default=600.0, gt=0)
     """With background: seconds the end of a completed run waits for the last version's
     push (the engines then serve the final weights)."""
+    lora_only: bool = False
+    """With lora.rank > 0: push only the LoRA adapters (PEFT-named A and B, rank, alpha and
+    targets in the manifest) to engines started with the same rank and targets, which keep
+    their start checkpoint as the base (the JAX engine merges each adapter into it on load,
+    vLLM loads it as a new LoRA id per version). False: every push carries the whole model,
+    adapters merged (any engine serves it). See docs/lora.md."""
 
 
 class Config(_Section):
@@ -322,6 +328,12 @@ class Config(_Section):
     def wants_routes(self) -> bool:
         """The engines are asked for routes (replay on, or the agreement metric asked for)."""
         return self.loss.routing_replay == "engine" or self.rollout.return_routes
+
+    @model_validator(mode="after")
+    def _lora_only(self) -> Config:
+        if self.sync.lora_only and self.lora.rank == 0:
+            raise ValueError("sync.lora_only needs LoRA training: set lora.rank > 0")
+        return self
 
     @model_validator(mode="after")
     def _batch_divides(self) -> Config:

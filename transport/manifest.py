@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mappings.shards import SHARD_KINDS, Region, ShardKind, tp_slice
+from transport.adapter_spec import AdapterSpec
 
 # Bytes per element of each wire dtype, named as torch names them (`torch.<name>`).
 DTYPE_BYTES: dict[str, int] = {
@@ -116,6 +117,7 @@ class Manifest:
     num_kv_heads: int = 0
     senders: int = 1
     sources: tuple[tuple[Source, ...], ...] = ()
+    adapter: AdapterSpec | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.version, int) or self.version < 0:
@@ -215,7 +217,8 @@ class Manifest:
         """A JSON-ready dict (the form carried by vLLM's update request and the gateway).
 
         A sharded manifest adds `tp_size`, `num_kv_heads` and each tensor's shard kind; a
-        manifest of several senders adds `senders`, and one that names its blocks `sources`.
+        manifest of several senders adds `senders`, and one that names its blocks `sources`;
+        an adapter-only one adds `adapter` (PEFT's `r`, `lora_alpha`, `target_modules`).
         """
         if not self.sharded:
             d = {
@@ -235,6 +238,8 @@ class Manifest:
             d["senders"] = self.senders
         if self.sources:
             d["sources"] = [[[s, [list(r) for r in box]] for s, box in e] for e in self.sources]
+        if self.adapter is not None:
+            d["adapter"] = self.adapter.to_dict()
         return d
 
     @classmethod
@@ -257,6 +262,7 @@ class Manifest:
                 int(d.get("num_kv_heads", 0)),
                 int(d.get("senders", 1)),
                 sources,
+                AdapterSpec.from_dict(d["adapter"]) if "adapter" in d else None,
             )
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, ManifestError):

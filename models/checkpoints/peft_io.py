@@ -12,26 +12,66 @@ are plain reshapes), which the PEFT-logits test holds.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
-from safetensors.numpy import save_file
 
-from mappings.registry import get_family
+from models.checkpoints.peft_layout import TARGETS, adapter_modules, write_peft_folder
 from models.decoder import Decoder
-from models.lora import TARGETS
-
-PREFIX = "base_model.model."
+from models.params import flat_params
 
 
-def _hf_module(rules: dict[str, str], layer: int, sub: str, name: str) -> str:
-    """The HF module name of layer `layer`'s projection `sub.name` ("model.layers.0.self_attn.
-    q_proj"), from the mapping rule of its kernel."""
-    hf = rules[f"layers.{{layer}}.{sub}.{name}.kernel"].format(layer=layer)
-    return hf.removesuffix(".weight")
+def peft_tensors(
+    params: Mapping[str, Any], cfg: Any, targets: Sequence[str]
+) -> Iterator[tuple[str, np.ndarray]]:
+    """The PEFT-named adapter tensors of flat params (`models.params.flat_params` paths, with
+    ``lora_a`` [I, r] and ``lora_b`` [r, O] beside each adapted kernel), one at a time, in
+    `adapter_shapes` order: A as [r, I] and B as [O, r], transposed views of host copies
+    (their dtype unchanged; the receiver's packing copy casts).
+
+    Raises:
+        KeyError: a target projection without its adapter params (named).
+    """
+    for mod in adapter_modules(cfg, targets):
+        a = np.asarray(jax.device_get(params[f"{mod.prefix}.lora_a"]))  # [I, r]
+        b = np.asarray(jax.device_get(params[f"{mod.prefix}.lora_b"]))  # [r, O]
+        yield f"{mod.peft}.lora_A.weight", a.T
+        yield f"{mod.peft}.lora_B.weight", b.T
+
+
+def merge_peft(
+    base: Mapping[str, jax.Array],
+    cfg: Any,
+    tensors: Mapping[str, np.ndarray],
+    targets: Sequence[str],
+    scaling: float,
+) -> dict[str, jax.Array]:
+    """Base flat params with each adapted kernel merged: W + (alpha / r) reshape((B A)^T),
+    computed in float32 and cast to the kernel's dtype (Hu et al. 2021, eq. 3; PEFT's
+    `merge`). `base` is not changed; the result shares every other array with it.
+
+    Args:
+        base: flat params of the base model (dot paths).
+        cfg: its `ModelConfig`.
+        tensors: PEFT names -> A [r, in], B [out, r] (`adapter_shapes`).
+        targets: the adapted projections (PEFT names).
+        scaling: alpha / r (PEFT's `scaling`).
+
+    Raises:
+        KeyError: a tensor `spec` needs that `tensors` lacks (named).
+    """
+    out = dict(base)
+    for mod in adapter_modules(cfg, targets):
+        w = base[mod.kernel]
+        a = jnp.asarray(tensors[f"{mod.peft}.lora_A.weight"], jnp.float32)  # [r, I]
+        b = jnp.asarray(tensors[f"{mod.peft}.lora_B.weight"], jnp.float32)  # [O, r]
+        delta = (a.T @ b.T).reshape(w.shape)  # [I, O] -> the kernel's (in..., out...) dims
+        out[mod.kernel] = (w.astype(jnp.float32) + scaling * delta).astype(w.dtype)
+    return out
 
 
 def adapter_tensors(model: Decoder, dtype: str = "float32") -> tuple[dict[str, np.ndarray], dict]:
@@ -41,23 +81,20 @@ def adapter_tensors(model: Decoder, dtype: str = "float32") -> tuple[dict[str, n
     Raises:
         ValueError: `model` has no adapter.
     """
-    rules = {r.jax: r.hf for r in get_family(model.cfg.family).rules}
-    tensors: dict[str, np.ndarray] = {}
     targets, rank, scale = set(), 0, 0.0
-    for i, block in enumerate(model.layers):
+    for block in model.layers:
         for target, (sub, name) in TARGETS.items():
             proj = getattr(getattr(block, sub), name, None)
-            if proj is None or not hasattr(proj, "lora_a"):
-                continue
-            module = PREFIX + _hf_module(rules, i, sub, name)
-            a = np.asarray(jax.device_get(proj.lora_a[...]))  # [I, r]
-            b = np.asarray(jax.device_get(proj.lora_b[...]))  # [r, O]
-            tensors[f"{module}.lora_A.weight"] = np.ascontiguousarray(a.T.astype(dtype))
-            tensors[f"{module}.lora_B.weight"] = np.ascontiguousarray(b.T.astype(dtype))
-            targets.add(target)
-            rank, scale = a.shape[1], proj.lora_scale
-    if not tensors:
+            if proj is not None and hasattr(proj, "lora_a"):
+                targets.add(target)
+                rank, scale = proj.lora_a.shape[1], proj.lora_scale
+    if not targets:
         raise ValueError("the model has no LoRA adapter to export (lora.rank is 0)")
+    flat = flat_params(model)
+    tensors = {
+        n: np.ascontiguousarray(a.astype(dtype))
+        for n, a in peft_tensors(flat, model.cfg, sorted(targets))
+    }
     facts = {"r": rank, "lora_alpha": scale * rank, "target_modules": sorted(targets)}
     return tensors, facts
 
@@ -75,22 +112,5 @@ def save_peft_adapter(
         ValueError: `model` has no adapter.
     """
     tensors, facts = adapter_tensors(model, dtype)
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
-    config: dict[str, Any] = {
-        "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
-        "base_model_name_or_path": str(base),
-        "r": facts["r"],
-        "lora_alpha": facts["lora_alpha"],
-        "target_modules": facts["target_modules"],
-        "lora_dropout": 0.0,
-        "bias": "none",
-        "fan_in_fan_out": False,
-        "use_rslora": False,
-        "use_dora": False,
-        "inference_mode": True,
-    }
-    (out / "adapter_config.json").write_text(json.dumps(config, indent=2))
-    save_file(tensors, out / "adapter_model.safetensors", metadata={"format": "pt"})
-    return out
+    return write_peft_folder(path, tensors, facts["r"], facts["lora_alpha"],
+                             facts["target_modules"], base=base)  # fmt: skip

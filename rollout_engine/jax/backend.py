@@ -27,7 +27,7 @@ from typing import Any
 
 import jax.numpy as jnp
 from flax import nnx
-from pydantic import ConfigDict
+from pydantic import ConfigDict, Field
 
 from gateway import messages as m
 from rollout_engine.backend import RolloutBackend, UpdateStats, completion
@@ -37,6 +37,7 @@ from rollout_engine.jax.engine import EngineConfig, JaxEngine
 from rollout_engine.jax.sampling import SamplingConfig as JaxSampling
 from rollout_engine.jax.stops import StopConfig
 from rollout_engine.jax.types import Request, SampleResult
+from transport.adapter_spec import check_adapter, served_adapter
 from transport.base import TransferError
 from transport.expected import checkpoint_tensors
 from transport.jax_transfer import JaxTransferReceiver
@@ -51,6 +52,9 @@ class JaxBackendConfig(JaxOptions):
         model: HF checkpoint folder. dtype: compute and param dtype ("float32", "bfloat16").
         stop_token_ids: extra ids that end a sample besides the model's EOS ids.
         initial_version: the version the checkpoint counts as.
+        lora_rank, lora_targets: with a rank > 0 the engine serves adapter-only versions
+            (`sync.lora_only`) of exactly this rank and these PEFT targets, merged into its
+            start checkpoint on load; 0 (default): full-weight versions only.
 
     Raises:
         pydantic.ValidationError: an option out of its range (see `JaxOptions`).
@@ -62,6 +66,8 @@ class JaxBackendConfig(JaxOptions):
     dtype: str = "float32"
     stop_token_ids: tuple[int, ...] = ()
     initial_version: int = 0
+    lora_rank: int = Field(default=0, ge=0)
+    lora_targets: tuple[str, ...] = ()
 
 
 class JaxBackend(RolloutBackend):
@@ -78,6 +84,8 @@ class JaxBackend(RolloutBackend):
         self._receiver: Any = None
         self._model_cfg: Any = None
         self._decode: Callable[[list[int]], str] | None = None  # the tokenizer's, at start
+        self.adapter = served_adapter(cfg.lora_rank, cfg.lora_targets)
+        self._base: dict[str, Any] = {}  # the start checkpoint's flat params (adapter merges)
 
     @property
     def weight_version(self) -> int | None:
@@ -114,6 +122,13 @@ class JaxBackend(RolloutBackend):
             devices_per_replica=c.devices_per_replica,
         )
         params = nnx.split(model)[1]
+        if self.adapter is not None:  # every adapter version is merged into this base copy
+            from models.checkpoints.peft_layout import adapter_shapes
+            from models.params import flat_params
+
+            self._base = flat_params(model)
+            shapes = adapter_shapes(model_cfg, self.adapter.targets, self.adapter.rank)
+            self._expected = {n: (s, c.dtype) for n, s in shapes}
         tok = await asyncio.to_thread(_load_tokenizer, c.model)
         self._decode = None if tok is None else _decoder(tok)
         self.engine = JaxEngine(
@@ -240,6 +255,7 @@ class JaxBackend(RolloutBackend):
             raise RuntimeError("call start() and connect_transport() before update_weights")
         t0 = time.perf_counter()
         try:
+            check_adapter(manifest.adapter, self.adapter, manifest.version)
             check_manifest(manifest, self._expected)
         except ValueError as e:  # tell the sender, then raise the ManifestError itself
             with contextlib.suppress(TransferError):
@@ -264,10 +280,18 @@ class JaxBackend(RolloutBackend):
         family = get_family(cfg.family)
         loaded = {}
         on_device = isinstance(self._receiver, JaxTransferReceiver)  # no host round trip
-        for rule, array in checkpoint_to_params(
-            family, cfg, host.__getitem__, set(host), contiguous=not on_device
-        ):
-            loaded[rule.jax] = jnp.asarray(array.astype(target))
+        if manifest.adapter is not None:  # W_base + (alpha / r) B A; the base copy is kept
+            from models.checkpoints.peft_io import merge_peft
+
+            a = manifest.adapter
+            loaded = await asyncio.to_thread(
+                merge_peft, self._base, cfg, host, a.targets, a.scaling
+            )
+        else:
+            for rule, array in checkpoint_to_params(
+                family, cfg, host.__getitem__, set(host), contiguous=not on_device
+            ):
+                loaded[rule.jax] = jnp.asarray(array.astype(target))
         model = model_from_params(cfg, loaded)
         self.update_params(nnx.split(model)[1], manifest.version)
         t2 = time.perf_counter()

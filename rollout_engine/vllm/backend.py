@@ -14,6 +14,10 @@ spans, so no generated token is thrown away and the trainer sees exactly which t
 from which version (it bounds staleness per sample with the spans). Waiting for them to finish
 instead ("wait") would bring back the straggler stall this design exists to remove.
 
+An engine started with a LoRA rank (`lora_rank`, `sync.lora_only`) takes adapter-only
+versions instead: they arrive in this process and are loaded as a new LoRA id per version,
+with no pause (`rollout_engine.vllm.adapters`).
+
 If the update fails after some tensors were loaded, the engine holds a mix of two versions:
 it stays paused, `weight_version` is None and `generate` refuses, until an update succeeds.
 
@@ -27,6 +31,7 @@ benchmarks, which push N last, untimed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -34,13 +39,16 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import ConfigDict
+from pydantic import ConfigDict, Field
 
 from gateway import messages as m
+from models.checkpoints.peft_layout import checkpoint_adapter_shapes
 from rollout_engine.backend import RolloutBackend, UpdateStats, completion
 from rollout_engine.config import VllmOptions
 from rollout_engine.vllm.registry import ENGINE_NAME, register_transfer_engines
 from rollout_engine.vllm.shm_sweep import sweep_stale_segments
+from transport.adapter_spec import check_adapter, served_adapter
+from transport.base import TransferError
 from transport.expected import checkpoint_tensors, num_kv_heads
 from transport.manifest import Manifest, check_manifest
 
@@ -61,6 +69,9 @@ class VllmBackendConfig(VllmOptions):
         dtype: engine dtype as torch names it; every update must arrive in it.
         enforce_eager: skip graph capture/compilation (fast start; needed on CPU here).
         initial_version: the weight version the checkpoint counts as.
+        lora_rank, lora_targets: with a rank > 0 the engine serves adapter-only versions
+            (`sync.lora_only`) of this rank and these PEFT targets, one LoRA id per version
+            (`rollout_engine.vllm.adapters`); 0 (default): full-weight versions only.
 
     Raises:
         pydantic.ValidationError: a dtype other than bfloat16/float16/float32, or an option
@@ -73,6 +84,8 @@ class VllmBackendConfig(VllmOptions):
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     enforce_eager: bool = True
     initial_version: int = 0
+    lora_rank: int = Field(default=0, ge=0)
+    lora_targets: tuple[str, ...] = ()
 
 
 class VllmBackend(RolloutBackend):
@@ -85,6 +98,18 @@ class VllmBackend(RolloutBackend):
         self._kv_heads = num_kv_heads(cfg.model)
         self._version: int | None = cfg.initial_version
         self._lock = asyncio.Lock()
+        self.adapter = served_adapter(cfg.lora_rank, cfg.lora_targets)
+        self._adapters: Any = None  # `adapters.AdapterVersions` of a LoRA engine
+        self._receiver: Any = None  # a LoRA engine's own data-plane receiver
+        if self.adapter is not None:
+            if cfg.tensor_parallel_size != 1:
+                raise ValueError(
+                    "a LoRA engine (lora_rank > 0) runs at tensor_parallel_size 1: its "
+                    "adapters arrive in the engine process, not in vLLM's TP workers"
+                )
+            self._expected = checkpoint_adapter_shapes(
+                cfg.model, self.adapter.targets, self.adapter.rank, cfg.dtype
+            )
 
     @property
     def weight_version(self) -> int | None:
@@ -126,8 +151,15 @@ class VllmBackend(RolloutBackend):
             weight_transfer_config=WeightTransferConfig(backend=ENGINE_NAME),
             worker_cls=f"rollout_engine.vllm.{worker}",
         )
+        if self.adapter is not None:
+            from rollout_engine.vllm.adapters import AdapterVersions, lora_engine_args
+
+            for key, value in lora_engine_args(self.adapter).items():
+                setattr(args, key, value)
         self.engine = AsyncLLM.from_engine_args(args)
         await self.engine.update_weight_version(str(self.cfg.initial_version))
+        if self.adapter is not None:
+            self._adapters = AdapterVersions(self.engine, self.cfg.model)
 
     async def connect_transport(
         self, transport: dict[str, Any], rank_offset: int = 1, world_size: int | None = None
@@ -142,6 +174,17 @@ class VllmBackend(RolloutBackend):
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
         ws = world_size or 1 + self.cfg.tensor_parallel_size
+        if self.adapter is not None:  # adapters come into this process (see adapters.py)
+            from pydantic import TypeAdapter
+
+            from transport.config import TransportConfig
+            from transport.factory import make_receiver
+
+            if self._receiver is not None:
+                self._receiver.close()
+            cfg = TypeAdapter(TransportConfig).validate_python(transport)
+            self._receiver = await asyncio.to_thread(make_receiver, cfg, rank_offset, ws)
+            return
         info = {"transport": transport, "rank_offset": rank_offset, "world_size": ws}
         await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info))
 
@@ -196,12 +239,22 @@ class VllmBackend(RolloutBackend):
         final = None
         version = self._version
         request_id = f"{prompt.sample_id}-{uuid.uuid4().hex[:8]}"
-        async for out in self.engine.generate({"prompt_token_ids": tokens}, params, request_id):
-            final = out
+        lora = self._adapters.acquire() if self._adapters is not None else None
+        if lora is not None:  # the whole request runs on the adapter of one version
+            version = self._adapters.version_of[lora.lora_int_id]
+        try:
+            async for out in self.engine.generate(
+                {"prompt_token_ids": tokens}, params, request_id, lora_request=lora
+            ):
+                final = out
+        finally:
+            if self._adapters is not None:
+                await self._adapters.release(lora)
         if final is None or len(final.outputs) != n:
             raise RuntimeError(f"request {request_id} ended without its {n} samples")
         outputs = sorted(final.outputs, key=lambda c: c.index)
-        return tuple(_completion(c, version) for c in outputs) * greedy_copies
+        one_version = self._adapters is not None
+        return tuple(_completion(c, version, one_version) for c in outputs) * greedy_copies
 
     async def update_weights(self, manifest: Manifest) -> UpdateStats:
         """See `RolloutBackend.update_weights` and the module docstring.
@@ -210,6 +263,8 @@ class VllmBackend(RolloutBackend):
         voted on the data plane so the sender fails fast (that vote waits for the sender's
         offer, at most the transport's timeout).
         """
+        if self.adapter is not None or manifest.adapter is not None:
+            return await self._update_adapter(manifest)
         async with self._lock:
             t0 = time.perf_counter()
             try:
@@ -233,6 +288,46 @@ class VllmBackend(RolloutBackend):
             t2 = time.perf_counter()
             phases |= {"check": t1 - t0, "load": t2 - t1}
             return UpdateStats(manifest.version, manifest.total_bytes, t2 - t1, t2 - t0, phases)
+
+    async def _update_adapter(self, manifest: Manifest) -> UpdateStats:
+        """An adapter-only version: checked (`check_adapter`, then the tensors), received
+        into this process, loaded as a new LoRA id (`adapters.AdapterVersions.install`); no
+        pause. Refused before any transfer, the engine keeping its version: an adapter of
+        another rank or targets, full weights to a LoRA engine, an adapter to a plain one.
+
+        Raises:
+            AdapterMismatch / ManifestError: the refusals above. TransferError: the transfer
+                failed (the previous adapter stays current). RuntimeError: vLLM refused it.
+        """
+        async with self._lock:
+            t0 = time.perf_counter()
+            try:
+                check_adapter(manifest.adapter, self.adapter, manifest.version)
+                check_manifest(manifest, self._expected)
+            except ValueError as e:
+                if self._receiver is not None:  # tell the sender, then raise the error itself
+                    with contextlib.suppress(TransferError):
+                        await asyncio.to_thread(self._receiver.refuse, str(e))
+                else:
+                    kwargs = {"manifest": manifest.to_dict(), "reason": str(e)}
+                    await self.engine.collective_rpc("jaxrl_refuse_update", kwargs=kwargs)
+                raise
+            if self._receiver is None or self._adapters is None:
+                raise RuntimeError("call start() and connect_transport() before update_weights")
+            tensors: dict[str, Any] = {}
+
+            def on_bucket(bucket: list) -> None:
+                for name, tensor in bucket:  # the bucket's buffer is reused: copy
+                    tensors[name] = tensor.detach().to("cpu", copy=True)
+
+            await asyncio.to_thread(self._receiver.receive, manifest, on_bucket)
+            t1 = time.perf_counter()
+            assert manifest.adapter is not None
+            phases = await self._adapters.install(manifest.version, tensors, manifest.adapter)
+            self._version = manifest.version
+            t2 = time.perf_counter()
+            phases |= {"transfer": t1 - t0, "load": t2 - t1}
+            return UpdateStats(manifest.version, manifest.total_bytes, 0.0, t2 - t0, phases)
 
     async def _load(self, manifest: Manifest) -> dict[str, float]:
         """start -> update -> finish(version) -> reset the prefix cache, engine paused.
@@ -271,6 +366,9 @@ class VllmBackend(RolloutBackend):
         if self.engine is not None:
             self.engine.shutdown(timeout=self.cfg.shutdown_s)
             self.engine = None
+        if self._receiver is not None:
+            self._receiver.close()
+            self._receiver = None
 
 
 def cpu_env_defaults(cfg: VllmOptions, cpus: Sequence[int]) -> dict[str, str]:
@@ -310,12 +408,16 @@ def _id_list(ids: Sequence[int]) -> str:
     return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
 
 
-def _completion(c: Any, version: int) -> m.Completion:
+def _completion(c: Any, version: int, one_version: bool = False) -> m.Completion:
     """Our record of one vLLM `CompletionOutput` (log-probs of the sampled tokens, the
-    engine's `weight_versions` spans; `version`: the one served when the request started)."""
+    engine's `weight_versions` spans; `version`: the one served when the request started).
+    With `one_version` (a LoRA engine: a request runs on one adapter from start to end) the
+    span is `version` over every token."""
     tokens = [int(t) for t in c.token_ids]
     if c.logprobs is None or len(c.logprobs) != len(tokens):
         raise RuntimeError(f"sample {c.index}: expected {len(tokens)} log-probs, got none/other")
     lps = [float(c.logprobs[i][t].logprob) for i, t in enumerate(tokens)]
     spans = [(int(s.version), s.start, s.end) for s in c.weight_versions or ()]
+    if one_version:
+        spans = [(version, 0, len(tokens))] if tokens else []
     return completion(tokens, lps, str(c.finish_reason), spans, version)

@@ -1,6 +1,8 @@
-"""The main job with LoRA (smoke config, `lora.rank=8` on every projection, JAX engine in fp32)
+"""The main job with LoRA (smoke config, `lora.rank=8` on every projection, engines in fp32)
 at ``optim.learning_rate=0`` after a random non-zero B (``lora.init_b_std``): the adapters never
-change, and each push carries the base with the adapters merged (`models.lora.engine_params`).
+change, and each push carries the base with the adapters merged (`models.lora.engine_params`),
+or, with ``sync.lora_only``, the adapters alone, which the JAX engine merges into its start
+checkpoint and vLLM serves as a LoRA id per version (issue 30).
 
 Step 1 trains on rollouts of version 0, which the engine made with the base checkpoint it
 started from, so its token ratios are off (the adapter matters); at ``max_lag=0`` every later
@@ -21,12 +23,18 @@ STEPS = 4
 
 
 @pytest.mark.slow
-def test_lora_job_at_fixed_weights_has_unit_ratios_after_the_first_push(tmp_path):
+@pytest.mark.parametrize(
+    ("backend", "lora_only"),
+    [("jax", False), ("jax", True), pytest.param("vllm", True, marks=pytest.mark.vllm)],
+)
+def test_lora_job_at_fixed_weights_has_unit_ratios_after_the_first_push(
+    tmp_path, backend, lora_only
+):
     run_dir = tmp_path / "run"
     command = smoke_command(
-        run_dir, "rollout.backend=jax", "optim.learning_rate=0", f"trainer.steps={STEPS}",
+        run_dir, f"rollout.backend={backend}", "optim.learning_rate=0", f"trainer.steps={STEPS}",
         "launch.engine_dtype=float32", "eval.size=0", "rollout.max_lag=0", "lora.rank=8",
-        "lora.alpha=16", "lora.init_b_std=0.05",
+        "lora.alpha=16", "lora.init_b_std=0.05", f"sync.lora_only={str(lora_only).lower()}",
     )  # fmt: skip
     done = subprocess.run(
         command, cwd=REPO, env=child_env(tmp_path), capture_output=True, text=True, timeout=1800

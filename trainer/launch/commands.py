@@ -19,6 +19,7 @@ from pathlib import Path
 
 from gateway import messages as m
 from trainer.launch.job_config import JobConfig
+from transport.adapter_spec import adapter_key
 from transport.config import (
     FileTransportConfig,
     GlooTransportConfig,
@@ -72,9 +73,11 @@ def run_settings(job: JobConfig, family: str) -> m.RunSettings:
     Raises:
         ValueError: as `resolve_data_plane`.
     """
+    lora = job.run.lora
     return m.RunSettings(
         model_family=family, dtype=job.engine_dtype, transport=resolve_data_plane(job),
         backends=job.backends,
+        adapter=adapter_key(lora.rank, lora.targets) if job.run.sync.lora_only else "",
     )  # fmt: skip
 
 
@@ -220,6 +223,7 @@ def gateway_argv(job: JobConfig, run_dir: Path, family: str) -> list[str]:
         "--family", family, "--dtype", job.engine_dtype,
         "--transport", resolve_data_plane(job),
         "--backends", ",".join(job.backends),
+        "--adapter", run_settings(job, family).adapter,
         "--events-file", str(run_dir / "logs" / "gateway_events.jsonl"),
         "--heartbeat-timeout", str(float(launch.engine_heartbeat_timeout_s)),
         "--max-workers", str(max(64, 8 * launch.num_engines + 16)),
@@ -253,6 +257,9 @@ def engine_argv(
         "--max-concurrent-prompts", str(launch.max_concurrent_prompts),
         "--rejoin-s", str(float(launch.engine_rejoin_s)),
     ]  # fmt: skip
+    if job.run.sync.lora_only:  # the engine serves adapters of exactly this rank and targets
+        lora = job.run.lora
+        argv += ["--lora-rank", str(lora.rank), "--lora-targets", ",".join(lora.targets)]
     if backend == "vllm":
         argv += [
             "--vllm-tensor-parallel-size", str(launch.devices_per_engine),

@@ -331,6 +331,11 @@ class JobConfig(_Section):
                 f"{launch.trainer_processes}: W&B logs from a single trainer process only (for "
                 "now); use TensorBoard and metrics.jsonl, or launch.trainer_processes=1"
             )
+        if self.run.sync.lora_only and launch.trainer_processes > 1:
+            raise ValueError(
+                f"sync.lora_only with launch.trainer_processes={launch.trainer_processes}: "
+                "adapter-only pushes go from one trainer process (for now)"
+            )
         if self.run.wants_routes:
             backends = {self.backend_of(i) for i in range(launch.num_engines)}
             if backends != {"jax"} or launch.trainer_processes > 1:

@@ -57,6 +57,7 @@ from trainer.rewards import ScoringPool
 from trainer.rollout_source import RolloutSource
 from trainer.run_files import next_attempt
 from trainer.train_step import TrainStep
+from transport.adapter_spec import AdapterSpec
 from transport.config import serves_blocks
 
 
@@ -157,6 +158,8 @@ def train_and_evaluate(
         client, transport, model_cfg.family, model_cfg, job.engine_dtype,
         min_engines=launch.min_engines, senders=jax.process_count() if fan_in else 1,
         announce=leader.announce if fan_in and leader is not None else None,
+        adapter=AdapterSpec.of(cfg.lora.rank, cfg.lora.alpha, cfg.lora.targets)
+        if cfg.sync.lora_only else None,
     )  # fmt: skip
     if launch.restart_engines:  # a restarted engine gets the current version between pushes
         publisher.start_catch_up()

@@ -118,7 +118,8 @@ class BackgroundPusher:
         last = max(self.committed, self._in_flight or 0, *self.pushed[-1:], *self.skipped[-1:])
         if version <= last:
             raise ValueError(f"version: expected > {last} (the last one offered), got {version}")
-        copy = host_copies(flat_of(model_or_params).items(), spare)
+        merged = getattr(self.publisher, "adapter", None) is None  # adapters: A and B as held
+        copy = host_copies(flat_of(model_or_params, merged=merged).items(), spare)
         with self._cv:
             self._pending = (version, copy)
             self._cv.notify_all()

@@ -45,14 +45,17 @@ def on_one_cpu(x: Any) -> bool:
     return len(ds) == 1 and next(iter(ds)).platform == "cpu"
 
 
-def flat_of(model_or_params: Any) -> Mapping:
-    """Flat params by dot path of a `Decoder` as the engines serve them (a LoRA model's
-    adapters merged into their kernels: `models.lora.engine_params`), or the mapping itself."""
+def flat_of(model_or_params: Any, merged: bool = True) -> Mapping:
+    """Flat params by dot path of a `Decoder` as the engines serve them (with `merged`, a
+    LoRA model's adapters merged into their kernels: `models.lora.engine_params`; without,
+    every param as it is, adapters beside their kernels: `models.params.flat_params`), or the
+    mapping itself."""
     if isinstance(model_or_params, Mapping):
         return model_or_params
     from models.lora import engine_params
+    from models.params import flat_params
 
-    return engine_params(model_or_params)
+    return engine_params(model_or_params) if merged else flat_params(model_or_params)
 
 
 def host_copies(

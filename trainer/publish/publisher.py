@@ -81,9 +81,12 @@ from gateway.errors import GatewayError
 from mappings.apply import params_to_engine
 from mappings.registry import get_family
 from mappings.spec import Family, expand
+from models.checkpoints.peft_io import peft_tensors
+from models.checkpoints.peft_layout import adapter_shapes
 from trainer.publish.host_views import HostView, flat_of, host_copies
 from trainer.publish.local_shards import LocalBlocks, engine_arrays, local_blocks
 from trainer.publish.waits import EngineWaits, MembersLost, PushError, gone_from, ids_of
+from transport.adapter_spec import AdapterSpec
 from transport.base import SendStats, TransferError, WeightSender
 from transport.collective import CollectiveSender
 from transport.config import (
@@ -175,9 +178,15 @@ class WeightPublisher:
             NCCL, jax_transfer: `transport.config.serves_blocks`).
         announce: with `senders` > 1, called with each plan right after it is published,
             to have the other processes join the group as senders (`trainer.leader`).
+        adapter: push only the LoRA adapters (`sync.lora_only`): each version's manifest
+            lists A [r, in] and B [out, r] of every adapted projection in PEFT naming and
+            carries this spec (rank, alpha, targets); the model pushed must hold those
+            adapters (`models.lora`), and the engines must have started with the same rank
+            and targets. None (default): the whole model, adapters merged.
 
     Raises:
-        ValueError: an unknown wire dtype, min_engines or max_attempts < 1.
+        ValueError: an unknown wire dtype, min_engines or max_attempts < 1; an adapter push
+            with several senders or over jax_transfer (whole-model paths only).
     """
 
     def __init__(
@@ -197,6 +206,7 @@ class WeightPublisher:
         peer_grace_s: float = 5.0,
         senders: int = 1,
         announce: Callable[[SyncPlan], None] | None = None,
+        adapter: AdapterSpec | None = None,
     ) -> None:
         if dtype not in WIRE_DTYPES:
             raise ValueError(f"dtype: expected one of {WIRE_DTYPES}, got {dtype!r}")
@@ -228,6 +238,15 @@ class WeightPublisher:
         self._shapes = [(r.hf, r.hf_shape) for r in rules]
         self._layouts: dict[int, Manifest] = {}  # TP degree -> the manifest of version 0
         self._shards = {r.hf: r.rule.shard_kind for r in rules if r.rule.tp_dim is not None}
+        self.adapter = adapter
+        if adapter is not None:  # PEFT-named A and B only, whole to every engine TP rank
+            if senders > 1 or isinstance(transport, JaxTransferTransportConfig):
+                raise ValueError(
+                    "an adapter-only push (sync.lora_only) goes from one trainer process over "
+                    f"gloo, nccl, shm or file; got senders={senders}, transport {transport.kind!r}"
+                )
+            self._shapes = adapter_shapes(cfg, adapter.targets, adapter.rank)
+            self._shards = {}
         self._lock = threading.Lock()  # one push (or catch-up) at a time
         self._last: tuple[int, dict[str, np.ndarray]] | None = None
         self._keep_last = False
@@ -314,6 +333,7 @@ class WeightPublisher:
         layout = self._layouts.get(tp_size)
         if layout is None:
             layout = Manifest.of(0, self._shapes, self.dtype, self.transport.bucket_bytes)
+            layout = dataclasses.replace(layout, adapter=self.adapter)
             if tp_size > 1:
                 layout = layout.sharded_for(
                     tp_size, self._shards, num_kv_heads=self.cfg.num_kv_heads
@@ -341,7 +361,7 @@ class WeightPublisher:
         """
         if self.senders > 1:
             raise TypeError("a publisher of several senders pushes with push_blocks")
-        params = flat_of(model_or_params)
+        params = flat_of(model_or_params, merged=self.adapter is None)
         if self._by_blocks:  # this process's blocks stay on its devices (jax_transfer)
             tensors = engine_arrays(self.family, self.cfg, params, self.dtype, self.jax_dims)
             return self.push_blocks(local_blocks(tensors, version, 0, on_device=True))
@@ -522,7 +542,7 @@ class WeightPublisher:
         """The TP degree to shard for: the engines' one TP degree when the transport is a
         collective one with `tp_shards` on, else 1 (whole tensors to every rank)."""
         sizes = {tp for _, tp in members}
-        if not is_collective(self.transport) or not self.transport.tp_shards:
+        if not is_collective(self.transport) or not self.transport.tp_shards or self.adapter:
             return 1
         return sizes.pop() if len(sizes) == 1 else 1
 
@@ -581,6 +601,9 @@ class WeightPublisher:
         at a time, so only wire-dtype bytes leave the device; its layout change is then a
         strided view too.
         """
+        if self.adapter is not None:  # PEFT-named A [r, in], B [out, r]: transposed views
+            yield from peft_tensors(params, self.cfg, self.adapter.targets)
+            return
         view = HostView(params, jnp.dtype(self.dtype))
         yield from params_to_engine(self.family, self.cfg, view, self.jax_dims, contiguous=False)
 

@@ -56,8 +56,8 @@ def group(sid: str, g: int = 2, version: int = 0) -> rpb.RolloutGroup:
     )
 
 
-def register(family: str = "llama", name: str = "e") -> gpb.RegisterRequest:
-    """A valid registration of a one-device JAX engine."""
+def register(family: str = "llama", name: str = "e", adapter: str = "") -> gpb.RegisterRequest:
+    """A valid registration of a one-device JAX engine (`adapter`: the LoRA it serves)."""
     return gpb.RegisterRequest(
         name=name,
         backend="jax",
@@ -66,6 +66,7 @@ def register(family: str = "llama", name: str = "e") -> gpb.RegisterRequest:
         model_family=family,
         dtype="bfloat16",
         transports=["gloo"],
+        adapter=adapter,
     )
 
 

@@ -449,6 +449,27 @@ def test_registration_negotiation(gw):
         assert not reply.retry
 
 
+def test_an_adapter_only_run_takes_only_engines_of_its_adapter(gw):
+    """sync.lora_only: an engine started without LoRA, or with another rank or targets, is
+    refused at registration (not at its first push); one of the run's adapter is taken."""
+    key = "lora r=8 targets=k_proj,q_proj"
+    state, _ = _state(gw, adapter=key)
+    assert state.register(gw.register(adapter=key)).accepted
+    for engine, says in [
+        ("", "full-weight versions only (started without LoRA)"),
+        ("lora r=4 targets=k_proj,q_proj", "adapter-only versions of 'lora r=4"),
+    ]:
+        reply = state.register(gw.register(adapter=engine))
+        assert not reply.accepted and not reply.retry
+        assert reply.refusal_reason.startswith(
+            f"adapter differs: the run pushes adapter-only versions of '{key}', the engine "
+            f"takes {says}"
+        ), reply.refusal_reason
+    plain, _ = _state(gw)
+    reply = plain.register(gw.register(adapter=key))
+    assert "the run pushes full-weight versions" in reply.refusal_reason
+
+
 def test_a_prompt_released_max_prompt_releases_times_becomes_an_aborted_group(gw):
     """A prompt that fails every engine (each releases it) would circle the queue forever and
     stall the run; after `max_prompt_releases` releases the trainer gets an aborted group in

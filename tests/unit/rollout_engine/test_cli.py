@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from rollout_engine.cli import device_counts, parse
+from rollout_engine.cli import device_counts, engine_spec, parse
 from rollout_engine.config import family_of
 
 
@@ -50,6 +50,11 @@ def test_flags_become_a_validated_config(tmp_path):
     args = ["--backend", "jax", "--gateway", "h:1", "--token-file", "t", "--model", str(model)]
     assert parse([*args, "--jax-ignore-eos", "true"]).jax.ignore_eos is True
     assert parse([*args, "--jax-ignore-eos", "false"]).jax.ignore_eos is False  # not bool("false")
+    lora = parse([*args, "--lora-rank", "4", "--lora-targets", "q_proj,v_proj"])
+    assert (lora.lora_rank, lora.lora_targets) == (4, ("q_proj", "v_proj"))
+    assert engine_spec(lora).adapter == "lora r=4 targets=q_proj,v_proj"  # checked at register
+    assert engine_spec(cfg).adapter == ""
+    assert (cfg.lora_rank, cfg.lora_targets) == (0, ())
 
 
 def test_bad_input_is_refused(tmp_path, capsys):

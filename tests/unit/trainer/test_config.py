@@ -47,6 +47,7 @@ def test_yaml_then_overrides(tmp_path):
         (["model.remat=dots"], "model.remat: Input should be 'none', 'full', 'dots_saveable'"),
         (["model.dtype=float16"], "model.dtype: Input should be 'float32' or 'bfloat16'"),
         (["model.scan_layers=maybe"], "model.scan_layers: Input should be a valid boolean"),
+        (["sync.lora_only=true"], "sync.lora_only needs LoRA training: set lora.rank > 0"),
     ],
 )
 def test_bad_keys_and_values_name_the_key(overrides, message):

@@ -90,6 +90,13 @@ def test_engine_argv_switches_backend_only(tmp_path):
     assert jax_argv[jax_argv.index("--jax-temperature") + 1] == "1.0"
     common = ["--gateway", "h:1", "--token-file", str(tmp_path / "t"), "--model", str(tmp_path)]
     assert all(" ".join(common) in " ".join(a) for a in (jax_argv, vllm_argv))
+    assert "--lora-rank" not in jax_argv  # full-weight pushes: any engine serves them
+
+
+def test_an_adapter_only_run_starts_engines_for_its_adapter(tmp_path):
+    job = _job("lora.rank=4", "lora.targets=[q_proj,v_proj]", "sync.lora_only=true")
+    argv = engine_argv(job, 0, "h:1", tmp_path / "t", tmp_path, 96)
+    assert argv[argv.index("--lora-rank") + 1 :][:3] == ["4", "--lora-targets", "q_proj,v_proj"]
 
 
 def test_gateway_argv(tmp_path):

@@ -31,6 +31,8 @@ def test_trainer_processes_key():
         load_job_config(None, ["launch.trainer_processes=0"])
     with pytest.raises(ConfigError, match="W&B logs from a single trainer process only"):
         load_job_config(None, ["launch.trainer_processes=2", "logging.wandb.mode=offline"])
+    with pytest.raises(ConfigError, match="adapter-only pushes go from one trainer process"):
+        load_job_config(None, ["launch.trainer_processes=2", "lora.rank=4", "sync.lora_only=true"])
 
 
 def test_worker_argv_and_env(tmp_path):
