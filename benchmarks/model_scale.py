@@ -95,6 +95,7 @@ LLAMA_1B = dict(
 MODELS = {"smollm2_360m": SMOLLM2_360M, "llama_1b": LLAMA_1B}
 PRECISIONS = {"fp32": ("float32", "float32"), "bf16_mixed": ("bfloat16", "float32")}
 GIB = 1 << 30
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def _build(spec: dict[str, Any], scan: bool) -> tuple[Any, Any, Any]:
@@ -106,6 +107,7 @@ def _build(spec: dict[str, Any], scan: bool) -> tuple[Any, Any, Any]:
 
     from models.config import ModelConfig
     from models.decoder import Decoder
+    from models.lora import add_lora, is_adapter
     from models.sharding import make_mesh
     from trainer.losses import make_loss
     from trainer.optim import OptimizerConfig, make_optimizer
@@ -116,11 +118,20 @@ def _build(spec: dict[str, Any], scan: bool) -> tuple[Any, Any, Any]:
         hf["num_hidden_layers"] = spec["layers"]
     dtype, param_dtype = PRECISIONS[spec["precision"]]
     cfg = ModelConfig.from_hf(hf, dtype=dtype, param_dtype=param_dtype)
-    abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+    rank = spec.get("lora", 0)
+
+    def model() -> Decoder:
+        m = Decoder(cfg, rngs=nnx.Rngs(0))
+        if rank:  # rank-R adapters (alpha 2R) on all seven projections, only they trained
+            add_lora(m, rank, 2.0 * rank, LORA_TARGETS, jax.random.key(0))
+        return m
+
+    abstract = nnx.eval_shape(model)
     mesh = make_mesh(1, 1, devices=jax.devices()[:1])
     tx = make_optimizer(OptimizerConfig(learning_rate=1e-5, total_steps=100, max_grad_norm=1.0))
     loss, remat = make_loss("grpo"), spec["remat"]
-    step = TrainStep(abstract, loss, tx, mesh, temperature=0.7, scan_layers=scan, remat=remat)
+    step = TrainStep(abstract, loss, tx, mesh, temperature=0.7, scan_layers=scan, remat=remat,
+                     trainable=is_adapter if rank else None)  # fmt: skip
     batch = dense_batch(1, spec["seq_len"], cfg.vocab_size, group=1)
     return step, step.lower(batch).compile(), batch
 
@@ -141,7 +152,7 @@ def _random_state(step: Any) -> Any:
         )(next(keys))
         for k, s in shapes.params.items()
     }
-    opt = jax.jit(step.tx.init, out_shardings=step.shardings.opt_state)(init)
+    opt = jax.jit(step.tx.init, out_shardings=step.shardings.opt_state)(step.trained(init))
     return TrainState(init, opt, jax.device_put(jnp.int32(0), step.shardings.step))
 
 
@@ -177,6 +188,7 @@ def run_config(spec: dict[str, Any]) -> dict[str, Any]:
     )
     out: dict[str, Any] = {
         **{k: spec[k] for k in ("model", "precision", "scan", "remat", "seq_len")},
+        "lora": spec.get("lora", 0),
         "layers": step.template.cfg.num_layers,
         "params": sum(math.prod(s.shape) for s in step.abstract_state().params.values()),
         "compile_s": round(compile_s, 2),
@@ -261,6 +273,9 @@ def main() -> None:
     parser.add_argument(
         "--paired", type=int, default=0, help="then N alternating scan/loop steps per config"
     )
+    parser.add_argument(
+        "--lora", type=int, default=0, help="then a rank-R LoRA step per model and precision"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -278,8 +293,8 @@ def main() -> None:
         bad = [x for x in given if x not in known]
         if bad:
             parser.error(f"{name}: unknown {bad}; known: {sorted(known)}")
-    if args.steps < 1 or args.seq_len < 8:
-        parser.error("need --steps >= 1 and --seq-len >= 8")
+    if args.steps < 1 or args.seq_len < 8 or args.lora < 0:
+        parser.error("need --steps >= 1, --seq-len >= 8 and --lora >= 0")
     base = dict(seq_len=args.seq_len, steps=args.steps, remat=args.remat, max_gib=args.max_gib)
     results: dict[str, Any] = {"configs": [], "ratios": {}}
     for model in models:
@@ -303,6 +318,16 @@ def main() -> None:
                 for key, field in (("step", "step_s"), ("rss", "rss_gib")):
                     v = _ratio(got["bf16_mixed", layout], got["fp32", layout], field)
                     results["ratios"][f"{model}_{layout}_mixed_over_fp32_{key}"] = v
+        for precision in precisions if args.lora else ():
+            layout = layouts[-1]
+            spec = dict(base, model=model, layers=None, precision=precision, lora=args.lora)
+            spec.update(scan=layout == "scan", run=not args.no_run)
+            r = in_subprocess(spec)
+            results["configs"].append(r)
+            print(f"{model} {precision} {layout} LoRA {args.lora}: {json.dumps(r)}", flush=True)
+            for key, field in (("planned", "planned_gib"), ("step", "step_s"), ("rss", "rss_gib")):
+                v = _ratio(r, got[precision, layout], field)
+                results["ratios"][f"{model}_{precision}_lora_over_full_{key}"] = v
         for precision in precisions if args.paired else ():
             spec = dict(base, model=model, layers=None, precision=precision, paired=True)
             spec.update(steps=args.paired)

@@ -155,9 +155,9 @@ class Attention(nnx.Module):
         """
         cfg = self.cfg
         dt = cfg.dtype
-        q = jnp.einsum("btd,dnh->btnh", x, self.q.weight(dt))
-        k = jnp.einsum("btd,dkh->btkh", x, self.k.weight(dt))
-        v = jnp.einsum("btd,dkh->btkh", x, self.v.weight(dt))
+        q = self.q("btd,dnh->btnh", x, dt)
+        k = self.k("btd,dkh->btkh", x, dt)
+        v = self.v("btd,dkh->btkh", x, dt)
         q = constrain(q, ("batch", "length", "heads", "head_dim"))
         k = constrain(k, ("batch", "length", "kv_heads", "head_dim"))
         v = constrain(v, ("batch", "length", "kv_heads", "head_dim"))
@@ -197,7 +197,7 @@ class Attention(nnx.Module):
             mask = attention_mask(positions, k_pos, window)  # [B, T, S]
             out = dense_attention(qg, keys.astype(dt), values.astype(dt), mask, cfg)
         out = out.reshape(B, T, N, H)
-        y = jnp.einsum("btnh,nhd->btd", out, self.o.weight(dt))  # [B, T, D]
+        y = self.o("btnh,nhd->btd", out, dt)  # [B, T, D]
         if cfg.output_bias:
             y = y + self.o.bias[...].astype(dt)
         return y, kv
@@ -256,12 +256,14 @@ class _Proj(nnx.Module):
     outputs...], and with `bias` a bias over its output axes (the dims after the first for a
     kernel whose input is the model width `embed`, else the last).
 
-    With a LoRA adapter (`models.lora.add_lora`) also `lora_a` [I, r], `lora_b` [r, O] and the
-    static `lora_scale` alpha / r; absent otherwise."""
+    With a LoRA adapter (`models.lora.add_lora`) also `lora_a` [I, r], `lora_b` [r, O], the
+    static `lora_scale` alpha / r and `lora_in_dims` (how many leading kernel dims are its
+    inputs); absent otherwise."""
 
     lora_a: nnx.LoRAParam
     lora_b: nnx.LoRAParam
     lora_scale: float
+    lora_in_dims: int
 
     def __init__(
         self,
@@ -285,11 +287,33 @@ class _Proj(nnx.Module):
 
     def weight(self, dtype: str) -> jax.Array:
         """The kernel in `dtype`; with a LoRA adapter the merged W + (alpha / r) A B (summed in
-        float32, then cast), whose gradient reaches A and B."""
+        float32, then cast): what a merged export or a full-weight push carries."""
         w = self.kernel[...]
         if not hasattr(self, "lora_a"):
             return w.astype(dtype)
         return (w.astype(jnp.float32) + self.lora_delta()).astype(dtype)
+
+    def __call__(self, equation: str, x: jax.Array, dtype: str) -> jax.Array:
+        """``einsum(equation, x, kernel)`` in `dtype`; with a LoRA adapter plus PEFT's
+        unmerged (alpha / r) (x A) B: x's last ``lora_in_dims`` dims flattened to I, times
+        A [I, r], times B [r, O], reshaped to the kernel's output dims. Unmerged, the
+        backward pass keeps x A ([..., r]) instead of a merged copy of every adapted kernel,
+        and no gradient of W is needed to reach A and B.
+
+        Args:
+            equation: the einsum of x [..., inputs...] and the kernel [inputs..., outputs...]
+                giving [..., outputs...] (e.g. ``"btd,dnh->btnh"``).
+            x: the input activations.
+            dtype: the compute dtype (the kernel and the adapters are cast to it).
+        """
+        y = jnp.einsum(equation, x, self.kernel[...].astype(dtype))
+        if not hasattr(self, "lora_a"):
+            return y
+        n_in = self.lora_in_dims
+        lead = x.shape[: x.ndim - n_in]
+        xa = x.reshape(*lead, -1) @ self.lora_a[...].astype(dtype)  # [..., r]
+        delta = (xa @ self.lora_b[...].astype(dtype)) * jnp.asarray(self.lora_scale, dtype)
+        return y + delta.reshape(*lead, *self.kernel.shape[n_in:]).astype(y.dtype)
 
 
 class MLP(nnx.Module):
@@ -309,11 +333,11 @@ class MLP(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         """x: [B, T, D] -> [B, T, D]."""
         dt = self.cfg.dtype
-        gate = jnp.einsum("btd,df->btf", x, self.gate.weight(dt))
-        up = jnp.einsum("btd,df->btf", x, self.up.weight(dt))
+        gate = self.gate("btd,df->btf", x, dt)
+        up = self.up("btd,df->btf", x, dt)
         if self.cfg.hidden_act == "silu":
             act = jax.nn.silu(gate)
         else:
             act = jax.nn.gelu(gate, approximate=True)
         hidden = constrain(act * up, ("batch", "length", "mlp"))  # [B, T, F]
-        return jnp.einsum("btf,fd->btd", hidden, self.down.weight(dt))
+        return self.down("btf,fd->btd", hidden, dt)

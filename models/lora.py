@@ -2,19 +2,20 @@
 
 A projection with kernel W of shape [inputs..., outputs...] gets two `nnx.LoRAParam`s:
 ``lora_a`` [I, r] and ``lora_b`` [r, O] (I, O the products of the input and output dims, the
-HF / PEFT `in_features` and `out_features` of that `nn.Linear`), and its forward uses
-W + (alpha / r) · reshape(A @ B, W.shape): the merged weight, equal to PEFT's unmerged
-x W + (alpha / r) (x A) B up to float rounding. Init as PEFT's default: A from
-PEFT's `nn.init.kaiming_uniform_(a=sqrt(5))`, uniform in ±sqrt(6 / ((1 + 5) · I)) = ±1 / sqrt(I),
-B zeros, so a fresh adapter leaves the model
-unchanged.
+HF / PEFT `in_features` and `out_features` of that `nn.Linear`), and its forward is PEFT's
+unmerged x W + (alpha / r) (x A) B (`models.layers._Proj.__call__`); a merged export or a
+full-weight push carries W + (alpha / r) · reshape(A @ B, W.shape), equal up to float
+rounding. Init as PEFT's default: A from PEFT's `nn.init.kaiming_uniform_(a=sqrt(5))`,
+uniform in ±sqrt(6 / ((1 + 5) · I)) = ±1 / sqrt(I), B zeros, so a fresh adapter leaves the
+model unchanged.
 
 Why a wrapper around the existing projection (`models.layers._Proj`) and not `nnx.LoRA`:
 our kernels keep their head axes ([D, N, H], [N, H, D]) with logical axes for sharding, and
-every call site einsums the kernel; `nnx.LoRA` wraps a 2-D `nnx.Linear` call. Adding the
-adapter to the kernel where it is read keeps one forward for every family and leaves the
-base params, their names and their sharding untouched. The adapters are `nnx.LoRAParam`
-(a subclass of `nnx.Param`), so `nnx.state(model, nnx.LoRAParam)` selects them.
+every call site einsums the kernel; `nnx.LoRA` wraps a 2-D `nnx.Linear` call. The
+projection's own call adds the adapter's path beside the kernel's einsum, which keeps one
+forward for every family and leaves the base params, their names and their sharding
+untouched. The adapters are `nnx.LoRAParam` (a subclass of `nnx.Param`), so
+`nnx.state(model, nnx.LoRAParam)` selects them.
 
 Target names are PEFT's (`q_proj`, `k_proj`, `v_proj`, `o_proj`, `gate_proj`, `up_proj`,
 `down_proj`); `TARGETS` maps each to its module path inside a layer.
@@ -95,6 +96,7 @@ def add_lora(
             proj.lora_a = nnx.LoRAParam(a, out_sharding=("lora_io", "lora_rank"), **meta)
             proj.lora_b = nnx.LoRAParam(b, out_sharding=("lora_rank", "lora_io"), **meta)
             proj.lora_scale = float(alpha) / rank
+            proj.lora_in_dims = n_in
 
 
 def merge_lora(model: Decoder) -> None:
@@ -108,7 +110,7 @@ def merge_lora(model: Decoder) -> None:
                 continue
             w = proj.kernel[...]
             proj.kernel[...] = (w.astype(jnp.float32) + proj.lora_delta()).astype(w.dtype)
-            del proj.lora_a, proj.lora_b, proj.lora_scale
+            del proj.lora_a, proj.lora_b, proj.lora_scale, proj.lora_in_dims
 
 
 def is_adapter(path: str) -> bool:

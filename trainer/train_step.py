@@ -224,7 +224,7 @@ class TrainStep:
             for k, v in self._abstract.items()
         }
         self._opt_shardings = jax.tree_util.tree_map_with_path(
-            self._place_moment, jax.eval_shape(tx.init, self._of_trained(self._abstract))
+            self._place_moment, jax.eval_shape(tx.init, self.trained(self._abstract))
         )
         self.shardings = TrainState(self._param_shardings, self._opt_shardings, self._replicated)
         self.ref_params: Params | None = None
@@ -241,8 +241,9 @@ class TrainStep:
                 return self._param_shardings[name]
         return self._replicated
 
-    def _of_trained(self, params: dict[str, Any]) -> dict[str, Any]:
-        """The trainable entries of a flat param dict (what `tx` and the gradients cover)."""
+    def trained(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The trainable entries of a flat param dict (dot path -> array): what the gradients,
+        `tx` and its state cover (``tx.init`` takes this)."""
         return {k: params[k] for k in self._trained}
 
     def abstract_state(self) -> TrainState:
@@ -253,7 +254,7 @@ class TrainStep:
         }
         opt = jax.tree.map(
             lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-            jax.eval_shape(self.tx.init, self._of_trained(params)),
+            jax.eval_shape(self.tx.init, self.trained(params)),
             self._opt_shardings,
         )
         step = jax.ShapeDtypeStruct((), jnp.int32, sharding=self._replicated)
@@ -264,7 +265,7 @@ class TrainStep:
         the state, never the model's arrays) and a fresh optimizer state there."""
         params = {k: put(v, self._param_shardings[k]) for k, v in flat_params(model).items()}
         init = jax.jit(self.tx.init, out_shardings=self._opt_shardings)
-        opt_state = init(self._of_trained(params))
+        opt_state = init(self.trained(params))
         return TrainState(params, opt_state, jax.device_put(jnp.int32(step), self._replicated))
 
     def set_reference(self, model: Decoder) -> None:
@@ -402,7 +403,7 @@ class TrainStep:
     def _step(self, state: TrainState, batch: RLBatch, ref: Params | None):
         normalizer = full_batch_normalizer(self.loss, jnp.asarray(batch.loss_mask))
         total = jnp.maximum(jnp.sum(jnp.asarray(batch.loss_mask, jnp.float32)), 1.0)
-        trained = self._of_trained(state.params)
+        trained = self.trained(state.params)
         frozen = {k: v for k, v in state.params.items() if k not in trained}
         grad_fn = jax.value_and_grad(
             lambda p, *args: self._loss({**frozen, **p}, *args), has_aux=True
