@@ -22,11 +22,24 @@ or single completions, per minute), ``<engine>_multi_model_tokens_per_s`` and
 ``<engine>_single_tokens_per_s`` (sampled tokens only: observation and template tokens are
 not counted), and ``<engine>_multi_over_single`` = multi model tokens/s over single tokens/s
 (below 1: the cost of turns: one more prefill of the observation per turn, and the requests'
-round trips).
+round trips), ``<engine>_multi_s`` and ``<engine>_single_s`` (wall seconds).
+
+Where the multi-turn pass's time goes, per engine (printed, `TurnClock.breakdown`): per turn,
+the mean seconds from asking it to its answer, how far apart the episodes started it (an
+episode never waits for its group: a spread near 0 says the engine took them together) and
+the history it carried; the seconds between a turn's answer and the next ask (the
+environment, tokenizing the observation). What the engine did again: the JAX engine's turns
+continued in their slot (``jax_slot_hit_rate``, of the later turns) and its decode steps
+against the single pass's (``jax_decode_steps_multi_over_single``); vLLM's prefix-cache hits
+over the prompt tokens it looked up (``vllm_prefix_hit_rate``, vLLM's own counters). The
+episodes run on the backend in this process, as the engine worker plays them (one gateway
+round trip per group, none per turn); no turn here has stop strings (turns of fixed length).
 
 Usage: python benchmarks/multi_turn.py [--model smollm2|tiny|HF_DIR] [--engines jax,vllm]
     [--prompts 16] [--samples 4] [--turns 3] [--turn-tokens 32] [--observation-tokens 16]
-    [--turn-tokens-mix 1] [--slots 64] [--vllm-dtype bfloat16|float32]
+    [--turn-tokens-mix 1] [--slots 64] [--vllm-dtype bfloat16|float32] [--vllm-block-size 32]
+``--vllm-block-size`` (vLLM's KV block, tokens; 0 is vLLM's own, 128 on CPU): its prefix
+cache holds whole blocks only, so a short history is found again only with small blocks.
 Prints one line per measurement, then one JSON object on the last line. On a CPU without bf16
 instructions (AVX2 only) vLLM computes bf16 far slower than fp32: pass --vllm-dtype float32.
 """
@@ -83,7 +96,12 @@ def make_backend(engine: str, path: Path, args, max_len: int):
     from rollout_engine.vllm.backend import VllmBackend, VllmBackendConfig
 
     return VllmBackend(
-        VllmBackendConfig(model=str(path), dtype=args.vllm_dtype, max_model_len=max_len)
+        VllmBackendConfig(
+            model=str(path),
+            dtype=args.vllm_dtype,
+            max_model_len=max_len,
+            block_size=args.vllm_block_size,
+        )  # fmt: skip
     )
 
 
@@ -101,24 +119,96 @@ def shapes(args) -> list[tuple[int, int, int]]:
     ]  # fmt: skip
 
 
+class TurnClock:
+    """`backend.generate` with a clock: one row per model turn asked, (episode, turn index,
+    seconds asked, seconds answered, history tokens, sampled tokens), times from `origin`."""
+
+    def __init__(self, generate: Callable, origin: float) -> None:
+        self.generate, self.origin = generate, origin
+        self.rows: list[tuple[str, int, float, float, int, int]] = []
+
+    async def __call__(self, prompt: m.Prompt, **kw: Any) -> tuple[m.Completion, ...]:
+        t0 = time.perf_counter() - self.origin
+        out = await self.generate(prompt, **kw)
+        episode, turn = prompt.sample_id.rsplit("/t", 1)
+        self.rows.append((episode, int(turn), t0, time.perf_counter() - self.origin,
+                          len(prompt.token_ids), len(out[0].token_ids)))  # fmt: skip
+        return out
+
+    def breakdown(self, turns: int) -> dict[str, float]:
+        """Where a pass's seconds go, per turn index t (1-based): ``turn<t>_engine_s`` (mean
+        seconds from asking a turn to its answer: queueing, the prefill of the history, the
+        decode), ``turn<t>_spread_s`` (the last episode's start of turn t minus the first's:
+        how far the episodes drifted apart), ``turn<t>_history_tokens`` (mean prompt of turn
+        t); ``between_turns_s`` (mean seconds from a turn's answer to the next turn's ask of
+        the same episode: the environment's step, tokenizing the observation, the runner)."""
+        out: dict[str, float] = {}
+        for t in range(turns):
+            rows = [r for r in self.rows if r[1] == t]
+            if not rows:
+                continue
+            out[f"turn{t + 1}_engine_s"] = float(np.mean([b - a for _, _, a, b, _, _ in rows]))
+            starts = [a for _, _, a, _, _, _ in rows]
+            out[f"turn{t + 1}_spread_s"] = max(starts) - min(starts)
+            out[f"turn{t + 1}_history_tokens"] = float(np.mean([r[4] for r in rows]))
+        by_episode: dict[str, dict[int, tuple[float, float]]] = {}
+        for e, t, a, b, _, _ in self.rows:
+            by_episode.setdefault(e, {})[t] = (a, b)
+        gaps = [turns_[t + 1][0] - turns_[t][1] for turns_ in by_episode.values()
+                for t in turns_ if t + 1 in turns_]  # fmt: skip
+        out["between_turns_s"] = float(np.mean(gaps)) if gaps else 0.0
+        return out
+
+
+def engine_counters(backend) -> dict[str, float]:
+    """The engine's running totals the breakdown reads: the JAX engine's decode steps, prompt
+    rows prefilled whole, turns continued in their slot (slot memory) and history tokens they
+    did not prefill again;
+    vLLM's prefix-cache queries and hits (tokens, its ``vllm:prefix_cache_*`` counters)."""
+    replicas = getattr(getattr(backend, "engine", None), "replicas", None)
+    if replicas is not None:
+        return {
+            "decode_steps": sum(r.decode_steps for r in replicas),
+            "prefilled_rows": sum(r.prefilled_rows for r in replicas),
+            "continued": sum(r.continued for r in replicas),
+            "reused_tokens": sum(r.reused_tokens for r in replicas),
+        }
+    from rollout_engine.vllm.prefix_cache import prefix_cache_counts
+
+    got = prefix_cache_counts()
+    return {"prefix_queries": got.queries, "prefix_hits": got.hits}
+
+
+def counted(before: dict[str, float], after: dict[str, float], tag: str) -> dict[str, float]:
+    """``after - before`` of each counter, the keys prefixed with `tag`."""
+    return {f"{tag}_{k}": after[k] - before[k] for k in after}
+
+
 async def one_pass(
     backend, prompts: list[np.ndarray], args, glue, encode: Callable, decode: Callable, tag: str
 ) -> dict[str, float]:
-    """One pass of each workload; returns wall seconds and model tokens of both."""
+    """One pass of each workload; returns wall seconds and model tokens of both, the turn
+    breakdown of the multi-turn pass (`TurnClock.breakdown`) and the engine's counters of
+    each pass (`engine_counters`, keys ``multi_*`` and ``single_*``)."""
     shape = shapes(args)
 
     def sampling(tokens: int) -> m.SamplingParams:
         return m.SamplingParams(temperature=1.0, max_new_tokens=tokens, ignore_eos=True)
 
     out: dict[str, float] = {}
+    before = engine_counters(backend)
     t = time.perf_counter()
+    clock = TurnClock(backend.generate, t)
     played = await asyncio.gather(*(
-        run_episode(backend.generate, m.Prompt(f"{tag}m{i}/{s}", ids, 1, sampling(n)),
+        run_episode(clock, m.Prompt(f"{tag}m{i}/{s}", ids, 1, sampling(n)),
                     FixedReplies(" ".join(["ok"] * o), k), {"question": "q"}, encode, decode,
                     glue, EpisodeLimits(k, 100_000, 100_000))
         for i, ids in enumerate(prompts) for s, (n, o, k) in enumerate(shape)
     ))  # fmt: skip
     out["multi_s"] = time.perf_counter() - t
+    out |= clock.breakdown(args.turns)
+    middle = engine_counters(backend)
+    out |= counted(before, middle, "multi")
     forced = sum(len(r.forced_positions) for r, _, _ in played)
     out["multi_tokens"] = sum(len(r.token_ids) for r, _, _ in played) - forced
     out["episodes"] = len(played)
@@ -135,6 +225,7 @@ async def one_pass(
                     for s, (n, _, k) in enumerate(shape)]  # fmt: skip
     groups = await asyncio.gather(*(backend.generate(r) for r in requests))
     out["single_s"] = time.perf_counter() - t
+    out |= counted(middle, engine_counters(backend), "single")
     out["single_tokens"] = sum(len(c.token_ids) for g in groups for c in g)
     out["singles"] = sum(len(g) for g in groups)
     return out
@@ -166,18 +257,32 @@ def run_engine(engine: str, path: Path, args) -> dict[str, float]:
         await backend.start()
         try:
             await one_pass(backend, prompts, args, glue, encode, decode, "w")
-            got = await one_pass(backend, prompts, args, glue, encode, decode, "t")
-            replicas = getattr(getattr(backend, "engine", None), "replicas", [])
-            got["continued"] = sum(r.continued for r in replicas)
-            got["reused_tokens"] = sum(r.reused_tokens for r in replicas)
-            return got
+            return await one_pass(backend, prompts, args, glue, encode, decode, "t")
         finally:
             await backend.shutdown()
 
     got = asyncio.run(go())
-    if engine == "jax":  # later turns continued in their slots (slot memory), both passes
-        print(f"jax: {got['continued']:.0f} turns continued in their slot, "
-              f"{got['reused_tokens']:.0f} history tokens not prefilled again")  # fmt: skip
+    later = sum(k - 1 for _, _, k in shapes(args)) * args.prompts  # turns after the first
+    extra: dict[str, float] = {}
+    if engine == "jax":  # later turns continued in their slots (slot memory)
+        print(f"jax: {got['multi_continued']:.0f} of {later} later turns continued in their "
+              f"slot, {got['multi_reused_tokens']:.0f} history tokens not prefilled again; "
+              f"decode steps {got['multi_decode_steps']:.0f} multi-turn, "
+              f"{got['single_decode_steps']:.0f} single; whole-prompt prefill rows "
+              f"{got['multi_prefilled_rows']:.0f} multi-turn, "
+              f"{got['single_prefilled_rows']:.0f} single")  # fmt: skip
+        extra = {"jax_slot_hit_rate": got["multi_continued"] / max(later, 1),
+                 "jax_decode_steps_multi_over_single":
+                     got["multi_decode_steps"] / max(got["single_decode_steps"], 1)}  # fmt: skip
+    else:
+        rate = got["multi_prefix_hits"] / max(got["multi_prefix_queries"], 1)
+        print(f"vllm: prefix cache hit {got['multi_prefix_hits']:.0f} of "
+              f"{got['multi_prefix_queries']:.0f} prompt tokens in the multi-turn pass "
+              f"({rate:.2f})")  # fmt: skip
+        extra = {"vllm_prefix_hit_rate": rate}
+    turns = {k: round(v, 3) for k, v in got.items()
+             if k.startswith("turn") or k == "between_turns_s"}  # fmt: skip
+    print(f"{engine} turn breakdown (multi-turn pass): {json.dumps(turns)}")
     multi_tps = got["multi_tokens"] / got["multi_s"]
     single_tps = got["single_tokens"] / got["single_s"]
     print(f"{engine} multi: {got['episodes']:.0f} episodes (shapes {shapes(args)}), "
@@ -191,6 +296,9 @@ def run_engine(engine: str, path: Path, args) -> dict[str, float]:
         f"{engine}_multi_model_tokens_per_s": multi_tps,
         f"{engine}_single_tokens_per_s": single_tps,
         f"{engine}_multi_over_single": multi_tps / single_tps,
+        f"{engine}_multi_s": got["multi_s"],
+        f"{engine}_single_s": got["single_s"],
+        **extra,
     }
 
 
@@ -206,6 +314,7 @@ def main() -> None:
     ap.add_argument("--turn-tokens-mix", type=float, default=1.0)
     ap.add_argument("--slots", type=int, default=64)
     ap.add_argument("--vllm-dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    ap.add_argument("--vllm-block-size", type=int, default=32)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = model_path(args.model, Path(tmp))
@@ -213,7 +322,8 @@ def main() -> None:
                                   "turn_tokens": args.turn_tokens,
                                   "turn_tokens_mix": args.turn_tokens_mix,
                                   "episodes": args.prompts * args.samples,
-                                  "vllm_dtype": args.vllm_dtype}  # fmt: skip
+                                  "vllm_dtype": args.vllm_dtype,
+                                  "vllm_block_size": args.vllm_block_size}  # fmt: skip
         for engine in args.engines.split(","):
             result.update(run_engine(engine, path, args))
     print(json.dumps(result))

@@ -62,6 +62,11 @@ class VllmOptions(BaseModel):
     tensor_parallel_size: int = Field(default=1, ge=1)
     max_model_len: int = Field(default=2048, ge=2)
     kv_cache_gib: int = Field(default=1, ge=1)
+    block_size: int = Field(default=0, ge=0)
+    """Tokens per KV cache block; 0 keeps vLLM's own (128 on CPU, 16 on GPU). vLLM's prefix
+    cache holds whole blocks only, so a multi-turn episode's history is found again only up
+    to its last whole block: 32 keeps more of a short history than 128 (`docs/multi_turn.md`).
+    On CPU a multiple of 32 keeps vLLM's fast attention kernel."""
     gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1)
     seed: int = 0
     shutdown_s: float = Field(default=1.0, ge=0)

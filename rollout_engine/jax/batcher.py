@@ -4,7 +4,8 @@ The host side of the seed write-up "Async RL in Pure JAX" (``continuous_batch``)
 - samples wait in a FIFO queue; a prompt is prefilled (with up to ``prefill_batch`` next prompts,
   in one bucketed call) when its first sample is about to enter a slot, and its prefill is dropped
   when its last sample entered or when the weights change, so every sample starts from a prefill
-  made with the weights current at its insertion;
+  made with the weights current at its insertion; requests of the same prompt prefilled
+  together share one row (the G episodes of a group at their first turn);
 - each :meth:`ContinuousBatcher.step` applies pending weights (a safe point), fills every free
   slot, runs the compiled decode loop until a slot finishes (or ``steps_per_call`` steps), and
   collects every finished slot at once; the in-flight slots carry over to the next call and to
@@ -191,6 +192,8 @@ class ContinuousBatcher:
         self._used = [0] * cfg.num_slots
         self._clock = 0
         self.decode_steps = 0
+        self.prefilled_rows = 0
+        """Prompt rows prefilled whole (requests of one prompt queued together share one)."""
         self.continued = 0
         """Samples continued in a slot's memory (extension prefill)."""
         self.reused_tokens = 0
@@ -450,12 +453,19 @@ class ContinuousBatcher:
                 break
             if r not in needed:
                 needed.append(r)
+        # requests of one prompt (the first turns of a group's episodes) share one row
+        sharing: dict[tuple[int, ...], list[Request]] = {}
+        for r in needed:
+            sharing.setdefault(tuple(r.prompt), []).append(r)
+        prompts = list(sharing)
         size = self.cfg.prefill_batch
-        for start in range(0, len(needed), size):
-            chunk = needed[start : start + size]
-            batch = self.prefiller(self.params, [r.prompt for r in chunk])
-            for row, r in enumerate(chunk):
-                self._prefills[id(r)] = (batch, row)
+        for start in range(0, len(prompts), size):
+            chunk = prompts[start : start + size]
+            batch = self.prefiller(self.params, chunk)
+            self.prefilled_rows += len(chunk)
+            for row, prompt in enumerate(chunk):
+                for r in sharing[prompt]:
+                    self._prefills[id(r)] = (batch, row)
 
     def _collect(self) -> list[SampleResult]:
         self.state, fetched = _collect_and_release(self.state)

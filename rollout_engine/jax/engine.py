@@ -43,6 +43,10 @@ class EngineConfig:
             ``None`` takes the model's ``eos_token_ids`` and pad 0.
         replicas: number of replicas (threads).
         devices_per_replica: devices of one replica; above 1 its slots shard over them.
+        gather_s: seconds a replica with nothing in flight waits for each next request after
+            the first of a burst before it starts decoding (0: it starts with what is already
+            queued); requests that arrive later join only at its next decode call
+            (``BatcherConfig.steps_per_call`` steps on), so a burst split there drifts apart.
     """
 
     batcher: BatcherConfig = dataclasses.field(default_factory=BatcherConfig)
@@ -50,6 +54,7 @@ class EngineConfig:
     stops: StopConfig | None = None
     replicas: int = 1
     devices_per_replica: int = 1
+    gather_s: float = 0.01
 
 
 def decoder_graphdef(model_cfg: ModelConfig) -> nnx.GraphDef:
@@ -139,10 +144,13 @@ class JaxEngine:
             while not self._stop.is_set():
                 pulled: list[Request] = []
                 want = batcher.cfg.num_slots - batcher.queued  # keep one slot-load queued
+                idle = batcher.idle()
                 while want > 0:
-                    wait = batcher.idle() and not pulled
+                    # an idle replica takes a burst whole (a group's episodes sending their
+                    # next turns one by one): it waits up to gather_s for each next request
+                    wait = (0.02 if not pulled else self.cfg.gather_s) if idle else 0.0
                     try:
-                        r = self._inbox.get(timeout=0.02) if wait else self._inbox.get_nowait()
+                        r = self._inbox.get(timeout=wait) if wait > 0 else self._inbox.get_nowait()
                     except queue.Empty:
                         break
                     pulled.append(r)

@@ -146,6 +146,7 @@ class VllmBackend(RolloutBackend):
             seed=self.cfg.seed,
             enforce_eager=self.cfg.enforce_eager,
             gpu_memory_utilization=self.cfg.gpu_memory_utilization,
+            block_size=self.cfg.block_size or None,  # 0: vLLM picks
             enable_prefix_caching=True,
             logprobs_mode="processed_logprobs",
             weight_transfer_config=WeightTransferConfig(backend=ENGINE_NAME),
@@ -380,11 +381,20 @@ def cpu_env_defaults(cfg: VllmOptions, cpus: Sequence[int]) -> dict[str, str]:
     vLLM's own default ("auto") reserves one CPU per TP rank on x86 for its scheduler process
     and gives the rest to the worker: on a machine of few cores the engine then computes on
     fewer of them and is slower (measured in `benchmarks/rollout_throughput.py`).
+
+    Raises:
+        ValueError: no CPU; a `block_size` that is not a multiple of 32 (vLLM's CPU attention
+            kernels take only those).
     """
     cpus = list(cpus)
     tp = cfg.tensor_parallel_size
     if not cpus:
         raise ValueError("no CPU to bind vLLM's threads to")
+    if cfg.block_size % 32:
+        raise ValueError(
+            f"block_size {cfg.block_size}: vLLM's CPU attention takes multiples of 32 only "
+            "(0 keeps vLLM's own, 128)"
+        )
     if len(cpus) >= tp:
         per = len(cpus) // tp
         shares = [cpus[r * per : (r + 1) * per if r < tp - 1 else None] for r in range(tp)]

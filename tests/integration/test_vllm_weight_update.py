@@ -105,6 +105,23 @@ def test_a_turn_ends_at_its_stop_string_inside_the_engine(world):
     turn.validate()
 
 
+def test_a_later_turn_finds_its_history_in_the_prefix_cache(world):
+    """The prefix cache is on and hit: a turn continuing a 300-token history (the earlier
+    prompt, its 4 sampled tokens and 20 new ones) finds every whole block of what the engine
+    computed before (2 blocks of 128 tokens, vLLM's CPU default) in the cache, by vLLM's own
+    counters (`rollout_engine.vllm.prefix_cache`)."""
+    from rollout_engine.vllm.prefix_cache import prefix_cache_counts
+
+    first = [(7 * i) % 90 + 3 for i in range(276)]
+    tokens, _ = greedy(world, first, n=4)
+    history = first + tokens + [(5 * i) % 90 + 3 for i in range(20)]
+    before = prefix_cache_counts()
+    turn = _prompt("turn2", history, 1, max_new_tokens=4, temperature=0.0, ignore_eos=True)
+    run(world, world["backend"].generate(dataclasses.replace(turn, continues=True)))
+    got = prefix_cache_counts() - before
+    assert (got.queries, got.hits) == (300, 256)
+
+
 def _episode(world, sampling: m.SamplingParams):
     """One countdown episode (3 turns, a real reasoning-gym entry) on the engine serving A,
     played by the worker's episode runner; returns (prompt ids, record, tokenizer)."""

@@ -265,6 +265,7 @@ def engine_argv(
             "--vllm-tensor-parallel-size", str(launch.devices_per_engine),
             "--vllm-max-model-len", str(max_model_len),
             "--vllm-kv-cache-gib", str(launch.vllm_kv_cache_gib),
+            "--vllm-block-size", str(launch.vllm_block_size),
             "--vllm-seed", str(job.run.trainer.seed + index),
         ]  # fmt: skip
     else:

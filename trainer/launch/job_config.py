@@ -248,6 +248,10 @@ class LaunchSection(_Section):
     jax_steps_per_call: int = Field(default=16, ge=1)
     vllm_kv_cache_gib: int = Field(default=1, ge=1)
     """vLLM: KV cache GiB (VLLM_CPU_KVCACHE_SPACE on CPU)."""
+    vllm_block_size: int = Field(default=0, ge=0)
+    """vLLM: tokens per KV cache block; 0 keeps vLLM's own (128 on CPU, 16 on GPU). Its prefix
+    cache holds whole blocks only: multi-turn episodes on CPU find more of their history
+    again with 32 (docs/multi_turn.md)."""
     engine_env: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables of every engine process."""
     engine_cpus: str = Field(default="", pattern=r"^(\d+(-\d+)?(,\d+(-\d+)?)*)?$")

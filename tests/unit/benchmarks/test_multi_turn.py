@@ -1,7 +1,7 @@
 """`benchmarks/multi_turn.py` on the tiny model and the JAX engine: every episode plays its 3
 turns, the multi-turn pass samples exactly the single-turn pass's model tokens (EOS ignored),
-the later turns were continued in their slots (slot memory), and the last line carries the
-figures under their documented keys."""
+the later turns were continued in their slots (slot memory), the turn breakdown is printed,
+and the last line carries the figures under their documented keys."""
 
 from __future__ import annotations
 
@@ -32,5 +32,11 @@ def test_multi_turn_benchmark_runs_on_the_jax_engine():
         assert result[f"jax_{key}"] > 0, key
     assert "jax multi: 4 episodes (shapes [(4, 3, 3), (4, 3, 3)]), 48 model tokens" in done.stdout
     assert "jax single: 4 completions, 48 tokens" in done.stdout
-    # 2 later turns of 4 episodes in each of the warm-up and the timed pass
-    assert "jax: 16 turns continued in their slot" in done.stdout
+    # the timed pass: 2 later turns of 4 episodes, each continued in its slot
+    assert "jax: 8 of 8 later turns continued in their slot" in done.stdout
+    assert result["jax_slot_hit_rate"] == 1.0
+    assert result["jax_decode_steps_multi_over_single"] > 0
+    breakdown = json.loads(done.stdout.split("jax turn breakdown (multi-turn pass): ")[1]
+                           .splitlines()[0])  # fmt: skip
+    assert [breakdown[f"turn{t}_history_tokens"] > 0 for t in (1, 2, 3)] == [True] * 3
+    assert breakdown["turn2_history_tokens"] > breakdown["turn1_history_tokens"]

@@ -39,11 +39,13 @@ def test_flags_become_a_validated_config(tmp_path):
     cfg = parse(
         ["--backend", "vllm", "--gateway", "127.0.0.1:5000", "--token-file", "t.txt",
          "--model", str(model), "--dtype", "float32", "--max-concurrent-prompts", "3",
-         "--vllm-tensor-parallel-size", "2", "--jax-temperature", "0.5", "--transports", "gloo"]
+         "--vllm-tensor-parallel-size", "2", "--jax-temperature", "0.5", "--transports", "gloo",
+         "--vllm-block-size", "32"]
     )  # fmt: skip
     assert cfg.family == "qwen2" and cfg.dtype == "float32" and cfg.transports == ("gloo",)
     assert cfg.worker.max_concurrent_prompts == 3 and cfg.worker.lease_batch == 8
     assert cfg.vllm.tensor_parallel_size == 2 and cfg.jax.temperature == 0.5
+    assert cfg.vllm.block_size == 32
     assert device_counts(cfg) == (2, 2)
     assert device_counts(cfg.model_copy(update={"backend": "jax"})) == (1, 1)
     assert cfg.jax.ignore_eos is False

@@ -5,8 +5,8 @@ import pytest
 from rollout_engine.vllm.backend import VllmBackendConfig, cpu_env_defaults
 
 
-def cfg(tp: int = 1, kv: int = 1) -> VllmBackendConfig:
-    return VllmBackendConfig(model="m", tensor_parallel_size=tp, kv_cache_gib=kv)
+def cfg(tp: int = 1, kv: int = 1, block: int = 0) -> VllmBackendConfig:
+    return VllmBackendConfig(model="m", tensor_parallel_size=tp, kv_cache_gib=kv, block_size=block)
 
 
 def test_one_rank_takes_every_cpu_and_none_is_reserved():
@@ -27,3 +27,11 @@ def test_ranks_split_the_cpus_and_share_when_too_few():
     assert cpu_env_defaults(cfg(tp=3), [0, 1])[bind] == "0|1|0"
     with pytest.raises(ValueError, match="no CPU"):
         cpu_env_defaults(cfg(), [])
+
+
+def test_a_block_size_the_cpu_kernels_cannot_take_is_refused_before_start():
+    assert cpu_env_defaults(cfg(block=32), [0])["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert cpu_env_defaults(cfg(block=0), [0])  # vLLM's own
+    for bad in (16, 48):
+        with pytest.raises(ValueError, match=f"block_size {bad}: .* multiples of 32"):
+            cpu_env_defaults(cfg(block=bad), [0, 1])

@@ -82,11 +82,13 @@ def test_every_process_of_the_run_shares_one_compilation_cache(tmp_path):
 
 def test_engine_argv_switches_backend_only(tmp_path):
     jax_argv = engine_argv(_job(), 0, "h:1", tmp_path / "t", tmp_path, 96)
-    vllm_argv = engine_argv(_job("rollout.backend=vllm"), 0, "h:1", tmp_path / "t", tmp_path, 96)
+    vllm_job = _job("rollout.backend=vllm", "launch.vllm_block_size=32")
+    vllm_argv = engine_argv(vllm_job, 0, "h:1", tmp_path / "t", tmp_path, 96)
     assert jax_argv[jax_argv.index("--backend") + 1] == "jax"
     assert vllm_argv[vllm_argv.index("--backend") + 1] == "vllm"
     assert jax_argv[jax_argv.index("--jax-max-model-len") + 1] == "96"
     assert vllm_argv[vllm_argv.index("--vllm-max-model-len") + 1] == "96"
+    assert vllm_argv[vllm_argv.index("--vllm-block-size") + 1] == "32"
     assert jax_argv[jax_argv.index("--jax-temperature") + 1] == "1.0"
     common = ["--gateway", "h:1", "--token-file", str(tmp_path / "t"), "--model", str(tmp_path)]
     assert all(" ".join(common) in " ".join(a) for a in (jax_argv, vllm_argv))
