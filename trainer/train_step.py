@@ -174,7 +174,7 @@ class TrainStep:
         moe_aux_coef: float = 0.0,
     ):
         remat_policy(remat)  # raises on an unknown name
-        check_routing_replay(model.cfg, routing_replay, scan_layers, remat)
+        check_routing_replay(model.cfg, routing_replay)
         check_moe_aux(model.cfg, moe_aux_coef, scan_layers=scan_layers, remat=remat)
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0; got {temperature}")
@@ -337,6 +337,7 @@ class TrainStep:
             hidden, routing, record = hidden_with_routes(
                 model, tokens, positions, routes, mask,
                 replay=self.routing_replay, attention_block=self.attention_block,
+                scan_layers=self.scan_layers, remat=self.remat,
             )  # fmt: skip
             if with_aux:
                 aux_loss = moe_aux_loss(model.cfg, record.router_logits, mask)
