@@ -324,8 +324,8 @@ class TrainStep:
         sampling temperature, the routing agreement sums of `trainer.replay` for a micro-batch
         with routes ({} otherwise; its forward replays them when `routing_replay`), [] float32
         load-balancing loss over the loss-mask tokens, `trainer.moe_aux`, 0 unless `aux` and
-        moe_aux_coef). The routers are recorded (layers run in place) only when either needs
-        them."""
+        moe_aux_coef). The routers are recorded (out of each layer, scanned or not) only
+        when either needs them."""
         model = self.template.merge(params)
         tokens, positions = jnp.asarray(mb.tokens), jnp.asarray(mb.positions)
         routing: dict[str, jax.Array] = {}

@@ -259,6 +259,7 @@ def engine_argv(
             "--vllm-max-model-len", str(max_model_len),
             "--vllm-kv-cache-gib", str(launch.vllm_kv_cache_gib),
             "--vllm-seed", str(job.run.trainer.seed + index),
+            "--vllm-return-routes", str(job.run.wants_routes).lower(),
         ]  # fmt: skip
     else:
         argv += [
