@@ -126,7 +126,7 @@ class LossSection(_Section):
     """Weight of the load-balancing auxiliary loss of a mixture-of-experts model (Switch
     Transformer's, HF's `router_aux_loss_coef` form; `trainer.moe_aux`) added to the policy
     loss over completion tokens and reported as train/moe_aux_loss; 0: off. Refused on a dense
-    model and with model.scan_layers or model.remat."""
+    model; works with model.scan_layers and model.remat."""
     correction: Literal["none", "tis_token", "tis_sequence", "icepop", "decoupled_ppo"] = "none"
     """Off-policy correction applied to the loss (trainer.losses.corrections): truncated
     importance sampling per token or sequence (Yao et al. 2025), IcePop's masking, or AReaL's

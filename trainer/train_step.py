@@ -175,7 +175,7 @@ class TrainStep:
     ):
         remat_policy(remat)  # raises on an unknown name
         check_routing_replay(model.cfg, routing_replay)
-        check_moe_aux(model.cfg, moe_aux_coef, scan_layers=scan_layers, remat=remat)
+        check_moe_aux(model.cfg, moe_aux_coef)
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0; got {temperature}")
         if micro_batches < 1:
