@@ -224,3 +224,20 @@ def _maps(procs, name: str) -> bool:
         except psutil.Error:
             continue
     return False
+
+
+@pytest.mark.vllm
+def test_the_recorder_orders_the_k_ids_as_the_trainers_route():
+    """vLLM's CPU top-k is unsorted: the recorder orders a row's ids by descending logit, ties
+    to the lower id, as `models.moe.route` (jax.lax.top_k) does."""
+    import torch
+
+    from models.moe import route
+    from rollout_engine.vllm.routes import order_by_logit
+
+    logits = np.asarray([[0.5, 2.0, 2.0, -1.0, 3.0], [1.0, 1.0, 1.0, 1.0, 0.0]], np.float32)
+    unsorted = torch.tensor([[2, 4, 1], [3, 0, 2]], dtype=torch.int32)  # as torch.topk may give
+    got = order_by_logit(torch.from_numpy(logits), unsorted).numpy()
+    _, want = route(jnp.asarray(logits), 3, norm_topk_prob=True)
+    np.testing.assert_array_equal(got, np.asarray([[4, 1, 2], [0, 2, 3]]))
+    assert got.dtype == np.int16 and (got[0] == np.asarray(want)[0]).all()
