@@ -126,9 +126,7 @@ def test_replay_is_refused_on_a_dense_model(tiny_checkpoint):
         _step(dense, True)
 
 
-@pytest.mark.parametrize(
-    "layers", [{"scan_layers": True}, {"remat": "full"}, {"scan_layers": True, "remat": "full"}]
-)
+@pytest.mark.parametrize("layers", [{"remat": "full"}, {"scan_layers": True, "remat": "full"}])
 def test_replay_under_scanned_and_rematerialised_layers_equals_the_loop(tiny_checkpoint, layers):
     """The routes go into each scanned / rematerialised layer as its input [L, B, T, k] and
     the routers' record comes out as its output: the step (replayed routes, the agreement,
