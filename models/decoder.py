@@ -8,6 +8,7 @@ post norms, embedding scale, sliding-window layers, activation); see config.py.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +19,7 @@ from models.config import ModelConfig
 from models.kv_cache import KVCache
 from models.layers import MLP, Attention, KeyStream, RMSNorm, _normal
 from models.moe import MoE
-from models.scan import loop_blocks, scan_blocks
+from models.scan import LayerIO, loop_layers_io, scan_layers_io
 
 
 class _Embed(nnx.Module):
@@ -132,19 +133,10 @@ class Decoder(nnx.Module):
         Raises:
             ValueError: an unknown remat name.
         """
-        cfg = self.cfg
-        table = self.embed.embedding[...]
-        x = jnp.take(table, tokens, axis=0).astype(cfg.dtype)  # [B, T, D]
-        if cfg.embed_scale:
-            x = x * jnp.asarray(math.sqrt(cfg.hidden_size), dtype=table.dtype).astype(cfg.dtype)
+        x = self._embed(tokens)
         if cache is None:
-
-            def call(block: nnx.Module, h: jax.Array) -> jax.Array:
-                out = block(h, positions, None, None, attention_block)[0]
-                return constrain(out, ("batch", "length", "act_embed"))
-
-            run = scan_blocks if scan_layers else loop_blocks
-            return self.final_norm(run(list(self.layers), x, call, remat)), None
+            hidden, _ = self._run_layers(x, positions, attention_block, scan_layers, remat)
+            return hidden, None
         new_k, new_v = [], []
         for i, block in enumerate(self.layers):
             with jax.named_scope(f"layer_{i}"):
@@ -154,6 +146,66 @@ class Decoder(nnx.Module):
             new_k.append(kv[0])
             new_v.append(kv[1])
         return self.final_norm(x), KVCache(k=tuple(new_k), v=tuple(new_v))
+
+    def hidden_with_layer_io(
+        self,
+        tokens: jax.Array,
+        positions: jax.Array,
+        layer_io: LayerIO,
+        attention_block: int = 0,
+        *,
+        scan_layers: bool = False,
+        remat: str = "none",
+    ) -> tuple[jax.Array, Any]:
+        """`hidden(tokens, positions, attention_block=..., scan_layers=..., remat=...)` (no
+        cache) with an input into and an output out of every layer (`LayerIO`; routing replay
+        and the routers' record, `models.routing`), kept under a scan and under remat.
+
+        Returns:
+            (hidden [B, T, D] in the compute dtype, the layers' outputs: a list of one per
+            layer when looped, stacked along a leading [L] axis when scanned).
+
+        Raises:
+            ValueError: an unknown remat name, or layers whose params differ when scanned.
+        """
+        x = self._embed(tokens)
+        return self._run_layers(x, positions, attention_block, scan_layers, remat, layer_io)
+
+    def _embed(self, tokens: jax.Array) -> jax.Array:
+        """int32 [B, T] -> [B, T, D] in the compute dtype (scaled where the family does)."""
+        cfg = self.cfg
+        table = self.embed.embedding[...]
+        x = jnp.take(table, tokens, axis=0).astype(cfg.dtype)  # [B, T, D]
+        if cfg.embed_scale:
+            x = x * jnp.asarray(math.sqrt(cfg.hidden_size), dtype=table.dtype).astype(cfg.dtype)
+        return x
+
+    def _run_layers(
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        attention_block: int,
+        scan_layers: bool,
+        remat: str,
+        layer_io: LayerIO | None = None,
+    ) -> tuple[jax.Array, Any]:
+        """The layers without a cache, then the final norm: ([B, T, D], the layers' outputs)."""
+
+        def call(block: nnx.Module, h: jax.Array, xi: Any) -> tuple[jax.Array, Any]:
+            if layer_io is not None:
+                layer_io.enter(block, xi)
+            out = block(h, positions, None, None, attention_block)[0]
+            y = None if layer_io is None else layer_io.leave(block)
+            return constrain(out, ("batch", "length", "act_embed")), y
+
+        blocks = list(self.layers)
+        if scan_layers:
+            xs = None if layer_io is None else layer_io.stacked_inputs
+            x, ys = scan_layers_io(blocks, x, call, remat, xs)
+        else:
+            per = [None] * len(blocks) if layer_io is None else layer_io.inputs
+            x, ys = loop_layers_io(blocks, x, call, remat, per)
+        return self.final_norm(x), ys
 
     def lm_head_weight(self) -> jax.Array:
         """The LM head as [D, V] in param dtype (the embedding transposed when tied)."""

@@ -62,6 +62,43 @@ def _check_ids(model: Decoder, tokens: jax.Array, expert_ids: jax.Array) -> None
             )
 
 
+class RoutingIO:
+    """The routes into and the routers' record out of every layer (`models.scan.LayerIO`):
+    layer i's MoE takes `expert_ids[:, :, i]` as its replay ids and gives back its router
+    logits [B, T, E] float32 and expert ids [B, T, k] int32; a dense layer takes and gives
+    None. Scanned, the inputs are the ids as [L, B, T, k] and the outputs come stacked [L, ...].
+    """
+
+    def __init__(self, model: Decoder, expert_ids: jax.Array | None) -> None:
+        self._moe = [isinstance(block.mlp, MoE) for block in model.layers]
+        ids = None if expert_ids is None else expert_ids.astype(jnp.int32)
+        n = 0
+        self.inputs: list[jax.Array | None] = []
+        for is_moe in self._moe:
+            self.inputs.append(None if ids is None or not is_moe else ids[:, :, n])
+            n += is_moe
+        self.stacked_inputs = None if ids is None else jnp.moveaxis(ids, 2, 0)  # [L, B, T, k]
+
+    def enter(self, block: nnx.Module, xi: jax.Array | None) -> None:
+        """Set the block's MoE recording and, given ids [B, T, k], replaying them."""
+        moe = getattr(block, "mlp", None)
+        if isinstance(moe, MoE):
+            moe.record = True
+            if xi is not None:
+                moe.replay_ids = Replay(xi)
+
+    def leave(self, block: nnx.Module) -> tuple[jax.Array, jax.Array] | None:
+        """(router logits [B, T, E] float32, expert ids [B, T, k] int32), taken off the
+        block's MoE, or None for a dense block."""
+        moe = getattr(block, "mlp", None)
+        if not isinstance(moe, MoE):
+            return None
+        moe.record = False
+        nnx.pop(moe, Replay)
+        recorded = {str(p[-1]): v.get_value() for p, v in nnx.to_flat_state(nnx.pop(moe, Routing))}
+        return recorded["router_logits"], recorded["expert_ids"]
+
+
 def hidden_with_routing(
     model: Decoder,
     tokens: jax.Array,
@@ -71,16 +108,21 @@ def hidden_with_routing(
     cache: KVCache | None = None,
     kv_len: int | None = None,
     attention_block: int = 0,
+    scan_layers: bool = False,
+    remat: str = "none",
 ) -> tuple[jax.Array, KVCache | None, RouterRecord]:
-    """`model.hidden(tokens, positions, cache, kv_len, attention_block)` with every MoE layer
-    recording its router and, given `expert_ids`, routing each token with a route as it says
-    (routing replay; -1: no route, the router's own top-k). The layers run in place (a Python
-    loop, no remat), which recording needs.
+    """`model.hidden(tokens, positions, cache, kv_len, attention_block, scan_layers=...,
+    remat=...)` with every MoE layer recording its router and, given `expert_ids`, routing
+    each token with a route as it says (routing replay; -1: no route, the router's own top-k).
+    Without a cache the routes go into each layer and the record comes out of it (`RoutingIO`),
+    so the layers may be scanned (`scan_layers`, the ids a scanned input [L, B, T, k]) and
+    rematerialised (`remat`); with a cache (the JAX engine) they run in place.
 
     Args:
         model: a Decoder of a mixture-of-experts config.
         tokens, positions: int32 [B, T].
         expert_ids: int32 [B, T, L, k] or None (every token routed by its own router).
+        scan_layers, remat: as `Decoder.hidden` (without a cache only).
 
     Returns:
         (hidden [B, T, D] in the compute dtype, the updated cache, RouterRecord: the router
@@ -93,6 +135,11 @@ def hidden_with_routing(
     moes = _moe_layers(model, "record")
     if expert_ids is not None:
         _check_ids(model, tokens, expert_ids)
+    if cache is None:
+        return _hidden_with_layer_io(
+            model, tokens, positions, expert_ids, attention_block, scan_layers, remat
+        )
+    if expert_ids is not None:
         for i, moe in enumerate(moes):
             moe.replay_ids = Replay(expert_ids[:, :, i].astype(jnp.int32))
     for moe in moes:
@@ -112,6 +159,36 @@ def hidden_with_routing(
         expert_ids=jnp.stack([v for _, v in sorted(recorded["expert_ids"].items())], 2),
     )
     return hidden, cache, record
+
+
+def _hidden_with_layer_io(
+    model: Decoder,
+    tokens: jax.Array,
+    positions: jax.Array,
+    expert_ids: jax.Array | None,
+    attention_block: int,
+    scan_layers: bool,
+    remat: str,
+) -> tuple[jax.Array, None, RouterRecord]:
+    """`hidden_with_routing` without a cache: the routes and records through `RoutingIO`."""
+    io = RoutingIO(model, expert_ids)
+    try:
+        hidden, ys = model.hidden_with_layer_io(
+            tokens, positions, io, attention_block, scan_layers=scan_layers, remat=remat
+        )
+    finally:  # a layer that failed in place keeps nothing
+        for block in model.layers:
+            if isinstance(block.mlp, MoE):
+                block.mlp.record = False
+                nnx.pop(block.mlp, Replay)
+                nnx.pop(block.mlp, Routing)
+    if scan_layers:  # ys: ([L, B, T, E], [L, B, T, k])
+        logits, ids = jnp.moveaxis(ys[0], 0, 2), jnp.moveaxis(ys[1], 0, 2)
+    else:
+        mine = [y for y in ys if y is not None]
+        logits = jnp.stack([y[0] for y in mine], 2)
+        ids = jnp.stack([y[1] for y in mine], 2)
+    return hidden, None, RouterRecord(router_logits=logits, expert_ids=ids)
 
 
 def forward_with_routing(

@@ -27,7 +27,7 @@ recomputes what the policy does not save, trading compute for activation memory.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +44,29 @@ REMAT_POLICIES: dict[str, Callable[..., Any] | None] = {
 }
 
 BlockFn = Callable[[nnx.Module, jax.Array], jax.Array]
+#: A layer with per-layer input and output: (block, h [B, T, D], input i) -> (h, output i).
+LayerFn = Callable[[nnx.Module, jax.Array, Any], tuple[jax.Array, Any]]
+
+
+class LayerIO(Protocol):
+    """What goes into and comes out of each layer besides its hidden states (routing replay:
+    `models.routing.RoutingIO`), so that a scanned or rematerialised layer, which runs as a
+    pure function of its params, still takes it and gives it back.
+
+    Attributes:
+        inputs: one per layer (a pytree of arrays or None), for a looped run.
+        stacked_inputs: the same with a leading [L] axis (or None), for a scanned run.
+    """
+
+    inputs: list[Any]
+    stacked_inputs: Any
+
+    def enter(self, block: nnx.Module, xi: Any) -> None:
+        """Give the layer `block` (as it runs) its input `xi`."""
+
+    def leave(self, block: nnx.Module) -> Any:
+        """Take the layer's output from `block` after it ran (a pytree of arrays or None;
+        the same structure for every layer of a scan)."""
 
 
 def remat_policy(name: str) -> Callable[..., Any] | None:
@@ -57,7 +80,7 @@ def remat_policy(name: str) -> Callable[..., Any] | None:
     return REMAT_POLICIES[name]
 
 
-def with_remat(fn: Callable[..., jax.Array], remat: str) -> Callable[..., jax.Array]:
+def with_remat(fn: Callable[..., Any], remat: str) -> Callable[..., Any]:
     """`fn` wrapped in `jax.checkpoint` with the policy named `remat` ("none": `fn` itself).
 
     Raises:
@@ -70,30 +93,54 @@ def with_remat(fn: Callable[..., jax.Array], remat: str) -> Callable[..., jax.Ar
 
 
 def loop_blocks(blocks: Sequence[nnx.Module], x: jax.Array, call: BlockFn, remat: str) -> jax.Array:
-    """Runs `call(block, x)` for each block in turn (a Python loop: the program holds every
-    layer), each layer under `remat`. x: [B, T, D] -> [B, T, D]. Without remat each block is
-    called in place, so variables a layer sets while running (`models.moe.Routing`) stay on
-    it; under remat the layer runs as a pure function of its state and such variables are
-    dropped.
-
-    Raises:
-        ValueError: an unknown remat name.
-    """
-    for i, block in enumerate(blocks):
-        if remat == "none":  # called in place: what a layer records (MoE routes) stays on it
-            with jax.named_scope(f"layer_{i}"):
-                x = call(block, x)
-            continue
-        graphdef, state = nnx.split(block)
-        body = with_remat(lambda s, h, g=graphdef: call(nnx.merge(g, s), h), remat)
-        with jax.named_scope(f"layer_{i}"):
-            x = body(state, x)
-    return x
+    """`loop_layers_io` of `call(block, x)` with no per-layer input or output."""
+    return loop_layers_io(
+        blocks, x, lambda b, h, _: (call(b, h), None), remat, [None] * len(blocks)
+    )[0]
 
 
 def scan_blocks(blocks: Sequence[nnx.Module], x: jax.Array, call: BlockFn, remat: str) -> jax.Array:
-    """Runs `call(block, x)` over the blocks as one `jax.lax.scan` over their stacked params
-    (module docstring), each step under `remat`. x: [B, T, D] -> [B, T, D] in x's dtype.
+    """`scan_layers_io` of `call(block, x)` with no per-layer input or output."""
+    return scan_layers_io(blocks, x, lambda b, h, _: (call(b, h), None), remat)[0]
+
+
+def loop_layers_io(
+    blocks: Sequence[nnx.Module], x: jax.Array, call: LayerFn, remat: str, xs: Sequence[Any]
+) -> tuple[jax.Array, list[Any]]:
+    """Runs `call(block, x, xs[i])` for each block in turn (a Python loop: the program holds
+    every layer), each layer under `remat`. x: [B, T, D] -> [B, T, D]; returns it and each
+    layer's output (a pytree of arrays or None). Without remat each block is called in place,
+    so variables a layer sets while running stay on it unless `call` removes them; under remat
+    the layer runs as a pure function of its state and such variables are dropped (return
+    what a layer records as its output: `models.routing`).
+
+    Raises:
+        ValueError: an unknown remat name, or `xs` not one entry per block.
+    """
+    if len(xs) != len(blocks):
+        raise ValueError(f"loop_layers_io: {len(xs)} per-layer inputs for {len(blocks)} layers")
+    ys = []
+    for i, block in enumerate(blocks):
+        if remat == "none":  # called in place
+            with jax.named_scope(f"layer_{i}"):
+                x, y = call(block, x, xs[i])
+            ys.append(y)
+            continue
+        graphdef, state = nnx.split(block)
+        body = with_remat(lambda s, h, xi, g=graphdef: call(nnx.merge(g, s), h, xi), remat)
+        with jax.named_scope(f"layer_{i}"):
+            x, y = body(state, x, xs[i])
+        ys.append(y)
+    return x, ys
+
+
+def scan_layers_io(
+    blocks: Sequence[nnx.Module], x: jax.Array, call: LayerFn, remat: str, xs: Any = None
+) -> tuple[jax.Array, Any]:
+    """Runs `call(block, x, xs_i)` over the blocks as one `jax.lax.scan` over their stacked
+    params (module docstring), each step under `remat`. x: [B, T, D] -> [B, T, D] in x's
+    dtype. `xs`: a pytree of arrays with a leading [L] axis (layer i gets its slice i), or None
+    (every layer gets None). Returns x and the layers' outputs stacked along a leading [L].
 
     Blocks must share their param tree (names, shapes, dtypes); those with different static
     attributes (graph definitions) become separate bodies picked by `jax.lax.switch`.
@@ -117,22 +164,22 @@ def scan_blocks(blocks: Sequence[nnx.Module], x: jax.Array, call: BlockFn, remat
             raise ValueError(f"layer {i}'s param tree differs from layer 0's: cannot scan them")
     stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)  # [L, ...] per leaf
 
-    def one(graphdef: Any) -> Callable[[Any, jax.Array], jax.Array]:
-        return lambda s, h: call(nnx.merge(graphdef, s), h)
+    def one(graphdef: Any) -> Callable[[Any, jax.Array, Any], tuple[jax.Array, Any]]:
+        return lambda s, h, xi: call(nnx.merge(graphdef, s), h, xi)
 
     branches = [one(g) for g in kinds]
 
-    def apply(s: Any, h: jax.Array, kind: jax.Array) -> jax.Array:
+    def apply(s: Any, h: jax.Array, xi: Any, kind: jax.Array) -> tuple[jax.Array, Any]:
         if len(branches) == 1:
-            return branches[0](s, h)
-        return jax.lax.switch(kind, branches, s, h)
+            return branches[0](s, h, xi)
+        return jax.lax.switch(kind, branches, s, h, xi)
 
     body = with_remat(apply, remat)
 
-    def step(h: jax.Array, xs: tuple[Any, jax.Array]) -> tuple[jax.Array, None]:
-        s, kind = xs
-        return body(s, h, kind).astype(h.dtype), None
+    def step(h: jax.Array, inputs: tuple[Any, Any, jax.Array]) -> tuple[jax.Array, Any]:
+        s, xi, kind = inputs
+        out, y = body(s, h, xi, kind)
+        return out.astype(h.dtype), y
 
     kind_arr = jnp.asarray(kind_of, jnp.int32)  # [L]
-    out, _ = jax.lax.scan(step, x, (stacked, kind_arr))
-    return out
+    return jax.lax.scan(step, x, (stacked, xs, kind_arr))

@@ -69,6 +69,11 @@ class VllmOptions(BaseModel):
     On CPU a multiple of 32 keeps vLLM's fast attention kernel."""
     gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1)
     seed: int = 0
+    return_routes: bool = False
+    """Record the experts every MoE layer routes each token to (routing replay), returned for
+    prompts that ask (`SamplingParams.return_routes`). Turns vLLM's prefix caching off for
+    the engine (a prompt row served from the cache would never run its routers); refused for
+    a dense model."""
     shutdown_s: float = Field(default=1.0, ge=0)
     """Seconds vLLM's engine-core process gets to exit after the engine stops before it is
     killed (vLLM's own default, 5 s per process, made a SIGTERM take seconds past --stop-s

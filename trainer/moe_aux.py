@@ -17,27 +17,20 @@ from models.config import ModelConfig
 from models.routing import load_balancing_loss
 
 
-def check_moe_aux(cfg: ModelConfig, coef: float, *, scan_layers: bool, remat: str) -> None:
-    """Holds a load-balancing coefficient against the model and the train step's forward.
+def check_moe_aux(cfg: ModelConfig, coef: float) -> None:
+    """Holds a load-balancing coefficient against the model (scanned and rematerialised layers
+    give their routers' logits back as layer outputs: `models.routing.RoutingIO`).
 
     Raises:
-        ValueError: coef < 0; coef > 0 on a dense model (no router to balance); coef > 0 with
-            scan_layers or a remat policy (the routers' records need the layers run in place,
-            `models.scan.loop_blocks`). Each message names the setting.
+        ValueError: coef < 0; coef > 0 on a dense model (no router to balance). Each message
+            names the setting.
     """
     if coef < 0:
         raise ValueError(f"loss.moe_aux_coef must be >= 0; got {coef}")
-    if coef == 0:
-        return
-    if not cfg.num_experts:
+    if coef > 0 and not cfg.num_experts:
         raise ValueError(
             f"loss.moe_aux_coef={coef} needs a mixture-of-experts model; {cfg.family} is dense "
             "(num_experts=0): set it to 0"
-        )
-    if scan_layers or remat != "none":
-        raise ValueError(
-            f"loss.moe_aux_coef={coef} needs model.scan_layers=false and model.remat=none "
-            f"(got {scan_layers}, {remat!r}): the routers' logits are recorded in place"
         )
 
 

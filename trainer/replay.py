@@ -64,6 +64,8 @@ def hidden_with_routes(
     *,
     replay: bool,
     attention_block: int = 0,
+    scan_layers: bool = False,
+    remat: str = "none",
 ) -> tuple[jax.Array, dict[str, jax.Array], RouterRecord]:
     """The train step's forward with the routers recorded: for a batch with routes (replayed
     or compared), and for the load-balancing loss (`trainer.moe_aux`).
@@ -73,7 +75,9 @@ def hidden_with_routes(
         routes: int32 [B, L, N, k], -1 where none (`RLBatch.routes`), or None (no routes: the
             trainer's own routers, no agreement counted). mask: [B, L] loss mask.
         replay: route tokens with a route as the engine did (else the trainer's own routers).
-        attention_block: as `Decoder.hidden`.
+        attention_block, scan_layers, remat: as `Decoder.hidden` (the routes go into a
+            scanned or rematerialised layer as its input and the record comes out as its
+            output: `models.routing.RoutingIO`).
 
     Returns:
         (hidden [B, L, D] in the compute dtype, the `routing_agreement` sums ({} without
@@ -85,8 +89,9 @@ def hidden_with_routes(
     """
     replayed = routes if replay and routes is not None else None
     hidden, _, record = hidden_with_routing(
-        model, tokens, positions, replayed, attention_block=attention_block
-    )
+        model, tokens, positions, replayed,
+        attention_block=attention_block, scan_layers=scan_layers, remat=remat,
+    )  # fmt: skip
     if routes is None:
         return hidden, {}, record
     if replayed is None and tuple(routes.shape[2:]) != tuple(record.expert_ids.shape[2:]):
@@ -100,22 +105,13 @@ def hidden_with_routes(
     return hidden, stats, record
 
 
-def check_routing_replay(cfg: ModelConfig, replay: bool, scan_layers: bool, remat: str) -> None:
+def check_routing_replay(cfg: ModelConfig, replay: bool) -> None:
     """Refuse routing replay where it cannot run, before any step.
 
     Raises:
-        ValueError: replay on a dense model (no router to replay), or with `scan_layers` or a
-            remat policy (the routers record in place, which a scanned or rematerialised
-            layer does not keep; `models.scan.loop_blocks`).
+        ValueError: replay on a dense model (no router to replay).
     """
-    if not replay:
-        return
-    if not cfg.num_experts:
+    if replay and not cfg.num_experts:
         raise ValueError(
             f"loss.routing_replay=engine needs a mixture-of-experts model; {cfg.family} is dense"
-        )
-    if scan_layers or remat != "none":
-        raise ValueError(
-            "loss.routing_replay=engine needs model.scan_layers=false and model.remat=none "
-            f"(the routers record in place); got scan_layers={scan_layers}, remat={remat!r}"
         )

