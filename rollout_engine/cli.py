@@ -43,7 +43,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--initial-version", type=int, default=0)
     p.add_argument("--name", default="", help="engine name in the gateway status")
-    p.add_argument("--transports", default="gloo,file,shm", help="comma-separated, preferred first")
+    p.add_argument(
+        "--transports",
+        default="gloo,file,shm,delta_stream",
+        help="comma-separated, preferred first",
+    )
     p.add_argument("--log-level", default="INFO")
     w = p.add_argument_group("worker loop")
     for name, field in WorkerConfig.model_fields.items():

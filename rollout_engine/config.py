@@ -120,7 +120,7 @@ class EngineProcessConfig(BaseModel):
     """The weight version the checkpoint counts as."""
     name: str = ""
     """Engine name shown in the gateway status (default: the backend)."""
-    transports: tuple[str, ...] = ("gloo", "file", "shm")
+    transports: tuple[str, ...] = ("gloo", "file", "shm", "delta_stream")
     """Data-plane kinds this engine can receive, preferred first."""
     log_level: str = "INFO"
     worker: WorkerConfig = WorkerConfig()

@@ -9,8 +9,9 @@ version it wants (or none: the newest); the sender answers with the newest versi
 held one (waiting for one if there is none yet), encoded for that engine alone:
 
 - a **delta** against the held version, when the sender still keeps that version (the newest
-  `keep` ones, and the one each connected engine holds) with the same layout and the engine
-  has had fewer than `full_every` - 1 deltas since its last keyframe;
+  `keep` ones, and the one each connected engine holds) with the same layout (and, when
+  `full_every` is set, the engine has had fewer than `full_every` - 1 deltas since its last
+  keyframe: by default deltas follow each other without end, every rebuild checked by hash);
 - a **keyframe** (the whole version, compressed) otherwise: an engine that holds nothing, too
   old a version, or refused the last one (a corrupt frame, a hash mismatch).
 
@@ -135,7 +136,8 @@ class DeltaStreamSender(WeightSender):
         port: the TCP port; 0 picks a free one (read `port`).
         keep: newest versions kept as delta bases (>= 1), besides the one each connected
             engine holds.
-        full_every: a keyframe to an engine after every `full_every` - 1 deltas (>= 1).
+        full_every: a keyframe to an engine after every `full_every` - 1 deltas (>= 1); 0:
+            only when needed (the engine holds no kept version, or refused the last one).
         level: zstd compression level (1..22).
         timeout_s: seconds a write to an engine, or its ack, may take before it is dropped.
 
@@ -153,13 +155,13 @@ class DeltaStreamSender(WeightSender):
         host: str = "127.0.0.1",
         port: int = 0,
         keep: int = 2,
-        full_every: int = 10,
+        full_every: int = 0,
         level: int = 3,
         timeout_s: float = 300.0,
     ) -> None:
-        if keep < 1 or full_every < 1 or not 1 <= level <= 22 or timeout_s <= 0:
+        if keep < 1 or full_every < 0 or not 1 <= level <= 22 or timeout_s <= 0:
             raise ValueError(
-                f"need keep >= 1, full_every >= 1, 1 <= level <= 22, timeout_s > 0; got {keep}, "
+                f"need keep >= 1, full_every >= 0, 1 <= level <= 22, timeout_s > 0; got {keep}, "
                 f"{full_every}, {level}, {timeout_s}"
             )
         self.keep, self.full_every, self.level, self.timeout_s = keep, full_every, level, timeout_s
@@ -311,7 +313,7 @@ class DeltaStreamSender(WeightSender):
             delta = (
                 base is not None and base in self._kept and base < version
                 and self._kept[base].layout == kept.layout and not engine.keyframe_next
-                and engine.since_keyframe + 1 < self.full_every
+                and (not self.full_every or engine.since_keyframe + 1 < self.full_every)
             )  # fmt: skip
             base_kept = self._kept[base] if delta and base is not None else None
             key = (base if delta else None, version)

@@ -78,6 +78,37 @@ def test_each_engine_gets_deltas_against_what_it_holds_and_keyframes_every_full_
     r.close()
 
 
+def test_by_default_a_keyframe_only_when_the_engine_holds_nothing_kept():
+    """full_every=0 (the default): one keyframe, then deltas for as long as the engine keeps
+    up, each rebuilt bit for bit; a keyframe again only for an engine whose version the sender
+    dropped (it stopped asking while `keep` newer versions came)."""
+    sender = DeltaStreamSender(keep=2, timeout_s=10.0)
+    try:
+        assert sender.full_every == 0
+        weights = _versions(14)
+        r = _receiver(sender, "far")
+        for v in range(1, 12):
+            sender.send(_m(v), weights[v - 1].items())
+            got_v, got = _newest(r)
+            assert got_v == v and _same_bits(got, weights[v - 1])
+        assert _bases(sender, "far@") == [(1, None, True)] + [(v, v - 1, True) for v in
+                                                              range(2, 12)]  # fmt: skip
+        r.close()
+        _until(lambda: all(e.dropped for e in sender.engines))
+        for v in (12, 13, 14):  # version 11 is no engine's now: beyond keep=2 it goes
+            sender.send(_m(v), weights[v - 1].items())
+        assert sender.kept == [13, 14]
+        back = DeltaStreamReceiver("127.0.0.1", sender.port, "far", timeout_s=10.0)
+        back._held = r._held  # the same engine, come back holding version 11
+        assert back.held_version == 11
+        got_v, got = _newest(back)
+        assert got_v == 14 and _same_bits(got, weights[13])
+        assert _bases(sender, "far@")[-1] == (14, None, True)
+        back.close()
+    finally:
+        sender.close()
+
+
 def test_a_slow_engine_skips_versions_without_holding_back_the_trainer_or_a_fast_engine(sender):
     weights = _versions(6)
     fast, slow = _receiver(sender, "fast"), _receiver(sender, "slow")
