@@ -194,7 +194,8 @@ class DeltaStreamSender(WeightSender):
     def send(self, manifest: Manifest, tensors: Iterable[tuple[str, Any]]) -> SendStats:
         """Pack the version, keep it and hand it to every engine's stream; returns at once
         (no engine is waited for; hashing and encoding run on the engines' threads).
-        `SendStats.wire_bytes` is None: each engine's bytes are in `pushes`.
+        `SendStats.wire_bytes` is None: each engine's bytes are in `pushes`. A version kept
+        already (the trainer re-planning it for an engine that came back) is left as it is.
 
         Raises:
             ManifestError: a name, order or shape that differs from the manifest, or a
@@ -205,6 +206,13 @@ class DeltaStreamSender(WeightSender):
         t0 = time.perf_counter()
         if manifest.sharded:
             raise ManifestError("the delta stream sends whole tensors; got a sharded manifest")
+        with self._cv:
+            again = self._kept.get(manifest.version)
+        if again is not None:  # a re-plan or catch-up of a version handed over already
+            if again.layout != layout_key(manifest):
+                raise ManifestError(f"version {manifest.version} is kept with another layout")
+            return SendStats(manifest.version, manifest.total_bytes, len(again.raws), 0.0,
+                             phases={"pack_s": 0.0})  # fmt: skip
         raws = [packed.numpy() for packed in iter_packed(manifest, tensors)]
         kept = _Kept(manifest, layout_key(manifest), raws)
         with self._cv:

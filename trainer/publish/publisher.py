@@ -95,6 +95,7 @@ from transport.config import (
     is_collective,
     serves_blocks,
 )
+from transport.delta_stream import DeltaStreamSender
 from transport.factory import make_sender
 from transport.jax_transfer import JaxTransferSender
 from transport.manifest import Manifest
@@ -484,6 +485,16 @@ class WeightPublisher:
             version, f"engines kept leaving: {lost} within {self.max_attempts} attempts"
         )
 
+    @property
+    def delta_pushes(self) -> list[dict[str, Any]]:
+        """With the delta stream: every version its sender sent an engine, in order
+        (`transport.delta_stream.FarPush` as a dict: engine, version, base (None: keyframe),
+        wire_bytes, payload_bytes, seconds, encode_s, loaded, at); [] with any other
+        transport or before the first push."""
+        if not isinstance(self._sender, DeltaStreamSender):
+            return []
+        return [dataclasses.asdict(p) for p in list(self._sender.pushes)]
+
     def close(self) -> None:
         """Stop catching engines up; release the sender (and its group)."""
         self._catch_up_stop.set()
@@ -495,12 +506,15 @@ class WeightPublisher:
     def _plan(
         self, members: tuple[tuple[str, int], ...], version: int
     ) -> tuple[WeightSender, SyncPlan]:
-        if self._sender is None or (members != self._members and not self._serves_any):
+        changed = members != self._members
+        if self._sender is None or (changed and not self._serves_any):
             self._drop_group()
             receivers = sum(tp for _, tp in members)
             self._sender = make_sender(
                 self.transport, num_receivers=receivers, senders=self.senders
             )
+            self._generation += 1
+        elif changed:  # the delta stream's sender stays; engines tell the new plan by it
             self._generation += 1
         self._members = members
         ranks, offset = {}, self.senders

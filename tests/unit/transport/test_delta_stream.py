@@ -356,3 +356,19 @@ def test_the_factory_builds_both_ends_from_one_config():
         receiver.close()
     finally:
         sender.close()
+
+
+def test_a_kept_version_handed_over_again_is_left_as_it_is(sender):
+    """The trainer re-plans a version (an engine died during its push) or catches a restarted
+    engine up with it: the sender keeps what it has; an older version it dropped is refused."""
+    weights = _versions(4)
+    for v in (1, 2, 3):
+        sender.send(_m(v), weights[v - 1].items())
+    again = sender.send(_m(3), weights[3].items())  # other bytes: not packed, not kept
+    assert (again.version, again.seconds) == (3, 0.0) and sender.kept == [2, 3]
+    r = _receiver(sender, "back")
+    v, got = _newest(r)
+    assert v == 3 and _same_bits(got, weights[2])
+    with pytest.raises(ValueError, match="expected > 3, got 1"):
+        sender.send(_m(1), weights[0].items())
+    r.close()
