@@ -371,4 +371,7 @@ def test_a_kept_version_handed_over_again_is_left_as_it_is(sender):
     assert v == 3 and _same_bits(got, weights[2])
     with pytest.raises(ValueError, match="expected > 3, got 1"):
         sender.send(_m(1), weights[0].items())
+    with pytest.raises(ManifestError, match="version 3 is kept with another layout"):
+        sender.send(_m(3, bucket_bytes=1024), weights[2].items())
+    assert sender.kept == [2, 3]
     r.close()
