@@ -122,3 +122,32 @@ def test_main_job_over_the_delta_stream_with_a_far_engine_killed_mid_stream(tmp_
         assert all(p["wire_bytes"] < keyframe for p in mine[1:]), (name, mine)
     (after,) = [n for n in by_engine if n.startswith(restarted + "@")]
     assert by_engine[after][0]["version"] >= KILL_AT
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_main_job_over_the_delta_stream_into_vllm(tmp_path):
+    """The smoke job's vLLM engine on the delta stream: it rebuilds each version and loads it
+    through vLLM's in-place reload; version 1 is a keyframe, every later one a delta against
+    the one before, and the rollouts of each step were sampled at the version before it."""
+    run_dir = tmp_path / "run"
+    steps = 3
+    done = subprocess.run(
+        smoke_command(run_dir, "rollout.backend=vllm", "eval.size=0", f"trainer.steps={steps}",
+                      "rollout.max_lag=0", "launch.data_plane=delta_stream"),
+        cwd=REPO, env=child_env(tmp_path), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    summary = json.loads((run_dir / "job_summary.json").read_text())
+    assert_no_group_lost(summary["loop"], summary, jsonl_rows(run_dir / "groups.jsonl"))
+    metrics = jsonl_rows(run_dir / "metrics.jsonl")
+    assert [(r["step"], r["version"]) for r in metrics] == [(s, s) for s in range(1, steps + 1)]
+    trained = [g for g in jsonl_rows(run_dir / "groups.jsonl") if g["outcome"] == "trained"]
+    assert [g["version"] for g in trained] == [g["step"] - 1 for g in trained]
+    assert list(summary["engine_versions"].values()) == [steps]
+    pushes = summary["delta_pushes"]
+    assert [(p["version"], p["base"], p["loaded"]) for p in pushes] == [
+        (1, None, True),
+        *((v, v - 1, True) for v in range(2, steps + 1)),
+    ]
+    assert all(p["wire_bytes"] < pushes[0]["wire_bytes"] for p in pushes[1:])
