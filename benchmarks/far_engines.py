@@ -36,10 +36,11 @@ share its 2 cores): a version is 269 MB in bf16; a keyframe 192 MB (0.71); a del
 and load on the shared cores), a keyframe 12.6 s unlimited, 19.9 s at 100 Mbit/s, 85 s at
 20 Mbit/s. Lag (newest minus held, after each hand-over): unlimited always 1; 100 Mbit/s
 1 (10 of 20 steps) to 5; 20 Mbit/s 1 (9 of 20) to 11, loading 12 of 21 versions: the periodic
-keyframe at version 10 is what holds the slow engine back. Trainer: 8.9 s per step with the
-far engines against 7.1 s without (1.27x; its hand-over 0.34 s against 0.18 s; idle fraction
-0.041 against 0.024); on unlimited links 11.9 s per step, as both engines then rebuild every
-version on the same 2 cores.
+keyframe at version 10 is what holds the slow engine back (the sender's default is now
+full_every 0: a keyframe only when an engine holds no kept version; not re-measured yet).
+Trainer: 8.9 s per step with the far engines against 7.1 s without (1.27x; its hand-over
+0.34 s against 0.18 s; idle fraction 0.041 against 0.024); on unlimited links 11.9 s per
+step, as both engines then rebuild every version on the same 2 cores.
 
 Needs root, iproute2 and tc. Run: ``flock /tmp/jaxrl-heavy.lock .venv/bin/python
 benchmarks/far_engines.py [--model smollm2] [--steps 20]``. Prints one line per run and per
@@ -333,7 +334,13 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--full-every", type=int, default=10)
+    p.add_argument(
+        "--full-every",
+        type=int,
+        default=0,
+        help="a keyframe after every N-1 deltas; 0 (the sender's default): only "
+        "when an engine holds nothing kept",
+    )
     p.add_argument("--level", type=int, default=3, help="zstd level")
     p.add_argument("--timeout-s", type=float, default=900.0)
     p.add_argument("--out", help="trainer: where to write its figures")

@@ -45,7 +45,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lora-rank", type=int, default=0, help="> 0: serve adapter-only versions")
     p.add_argument("--lora-targets", default="", help="comma-separated PEFT target names")
     p.add_argument("--name", default="", help="engine name in the gateway status")
-    p.add_argument("--transports", default="gloo,file,shm", help="comma-separated, preferred first")
+    p.add_argument(
+        "--transports",
+        default="gloo,file,shm,delta_stream",
+        help="comma-separated, preferred first",
+    )
     p.add_argument("--log-level", default="INFO")
     w = p.add_argument_group("worker loop")
     for name, field in WorkerConfig.model_fields.items():

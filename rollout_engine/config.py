@@ -135,7 +135,7 @@ class EngineProcessConfig(BaseModel):
     """With lora_rank: the adapted projections by PEFT name (q_proj, ..., down_proj)."""
     name: str = ""
     """Engine name shown in the gateway status (default: the backend)."""
-    transports: tuple[str, ...] = ("gloo", "file", "shm")
+    transports: tuple[str, ...] = ("gloo", "file", "shm", "delta_stream")
     """Data-plane kinds this engine can receive, preferred first."""
     log_level: str = "INFO"
     worker: WorkerConfig = WorkerConfig()

@@ -384,11 +384,17 @@ class EngineWorker:
             delay_s = float(os.environ.get(LOAD_DELAY_ENV) or 0.0)
             if delay_s > 0:  # a test's slow engine (tests/integration/test_background_push.py)
                 await asyncio.sleep(delay_s)
-            group = (plan.group, plan.transport)
+            transport = plan.transport
+            # the delta stream has one sender for the run: a new plan (group) keeps the stream
+            # and the version this engine holds, the base of its next delta
+            streamed = transport.get("kind") == "delta_stream"
+            group = (-1 if streamed else plan.group, transport)
             if group != self._group:
                 self._group = None
+                if streamed:  # the sender's records name it
+                    transport = {**transport, "name": self.engine_id[:200]}
                 await asyncio.wait_for(
-                    self.backend.connect_transport(plan.transport, rank, plan.world_size),
+                    self.backend.connect_transport(transport, rank, plan.world_size),
                     self.cfg.connect_timeout_s,
                 )
                 self._group = group

@@ -95,8 +95,8 @@ class JaxTransferTransportConfig(BaseModel):
 class DeltaStreamTransportConfig(BaseModel):
     """Compressed XOR deltas over TCP, one stream per far engine (`transport.delta_stream`):
     each engine pulls the newest version as a delta against the one it holds, or a keyframe.
-    Built by `transport.factory` for far engines; the main job's `launch.data_plane` does not
-    name it yet."""
+    The main job's `launch.data_plane=delta_stream` (every engine of the run pulls from the
+    trainer's sender at launch.data_plane_host:data_plane_port)."""
 
     kind: Literal["delta_stream"] = "delta_stream"
     host: str = "127.0.0.1"
@@ -109,8 +109,10 @@ class DeltaStreamTransportConfig(BaseModel):
     keep: int = Field(default=2, ge=1)
     """Newest versions the sender keeps as delta bases (each the model's wire bytes in RAM);
     an engine holding an older one gets a keyframe."""
-    full_every: int = Field(default=10, ge=1)
-    """A keyframe to an engine after every `full_every` - 1 deltas it loaded."""
+    full_every: int = Field(default=0, ge=0)
+    """A keyframe to an engine after every `full_every` - 1 deltas it loaded; 0: never on a
+    schedule, only when the engine holds no version the sender keeps (or refused the last
+    one: a hash mismatch, a failed load)."""
     zstd_level: int = Field(default=3, ge=1, le=22)
     """The zstd compression level."""
     bucket_bytes: int = Field(default=64 * 2**20, gt=0)
@@ -124,7 +126,8 @@ TransportConfig = Annotated[
     | NcclTransportConfig
     | FileTransportConfig
     | ShmTransportConfig
-    | JaxTransferTransportConfig,
+    | JaxTransferTransportConfig
+    | DeltaStreamTransportConfig,
     Field(discriminator="kind"),
 ]
 

@@ -9,8 +9,9 @@ version it wants (or none: the newest); the sender answers with the newest versi
 held one (waiting for one if there is none yet), encoded for that engine alone:
 
 - a **delta** against the held version, when the sender still keeps that version (the newest
-  `keep` ones, and the one each connected engine holds) with the same layout and the engine
-  has had fewer than `full_every` - 1 deltas since its last keyframe;
+  `keep` ones, and the one each connected engine holds) with the same layout (and, when
+  `full_every` is set, the engine has had fewer than `full_every` - 1 deltas since its last
+  keyframe: by default deltas follow each other without end, every rebuild checked by hash);
 - a **keyframe** (the whole version, compressed) otherwise: an engine that holds nothing, too
   old a version, or refused the last one (a corrupt frame, a hash mismatch).
 
@@ -135,7 +136,8 @@ class DeltaStreamSender(WeightSender):
         port: the TCP port; 0 picks a free one (read `port`).
         keep: newest versions kept as delta bases (>= 1), besides the one each connected
             engine holds.
-        full_every: a keyframe to an engine after every `full_every` - 1 deltas (>= 1).
+        full_every: a keyframe to an engine after every `full_every` - 1 deltas (>= 1); 0:
+            only when needed (the engine holds no kept version, or refused the last one).
         level: zstd compression level (1..22).
         timeout_s: seconds a write to an engine, or its ack, may take before it is dropped.
 
@@ -153,13 +155,13 @@ class DeltaStreamSender(WeightSender):
         host: str = "127.0.0.1",
         port: int = 0,
         keep: int = 2,
-        full_every: int = 10,
+        full_every: int = 0,
         level: int = 3,
         timeout_s: float = 300.0,
     ) -> None:
-        if keep < 1 or full_every < 1 or not 1 <= level <= 22 or timeout_s <= 0:
+        if keep < 1 or full_every < 0 or not 1 <= level <= 22 or timeout_s <= 0:
             raise ValueError(
-                f"need keep >= 1, full_every >= 1, 1 <= level <= 22, timeout_s > 0; got {keep}, "
+                f"need keep >= 1, full_every >= 0, 1 <= level <= 22, timeout_s > 0; got {keep}, "
                 f"{full_every}, {level}, {timeout_s}"
             )
         self.keep, self.full_every, self.level, self.timeout_s = keep, full_every, level, timeout_s
@@ -192,7 +194,8 @@ class DeltaStreamSender(WeightSender):
     def send(self, manifest: Manifest, tensors: Iterable[tuple[str, Any]]) -> SendStats:
         """Pack the version, keep it and hand it to every engine's stream; returns at once
         (no engine is waited for; hashing and encoding run on the engines' threads).
-        `SendStats.wire_bytes` is None: each engine's bytes are in `pushes`.
+        `SendStats.wire_bytes` is None: each engine's bytes are in `pushes`. A version kept
+        already (the trainer re-planning it for an engine that came back) is left as it is.
 
         Raises:
             ManifestError: a name, order or shape that differs from the manifest, or a
@@ -203,6 +206,13 @@ class DeltaStreamSender(WeightSender):
         t0 = time.perf_counter()
         if manifest.sharded:
             raise ManifestError("the delta stream sends whole tensors; got a sharded manifest")
+        with self._cv:
+            again = self._kept.get(manifest.version)
+        if again is not None:  # a re-plan or catch-up of a version handed over already
+            if again.layout != layout_key(manifest):
+                raise ManifestError(f"version {manifest.version} is kept with another layout")
+            return SendStats(manifest.version, manifest.total_bytes, len(again.raws), 0.0,
+                             phases={"pack_s": 0.0})  # fmt: skip
         raws = [packed.numpy() for packed in iter_packed(manifest, tensors)]
         kept = _Kept(manifest, layout_key(manifest), raws)
         with self._cv:
@@ -311,7 +321,7 @@ class DeltaStreamSender(WeightSender):
             delta = (
                 base is not None and base in self._kept and base < version
                 and self._kept[base].layout == kept.layout and not engine.keyframe_next
-                and engine.since_keyframe + 1 < self.full_every
+                and (not self.full_every or engine.since_keyframe + 1 < self.full_every)
             )  # fmt: skip
             base_kept = self._kept[base] if delta and base is not None else None
             key = (base if delta else None, version)

@@ -21,6 +21,7 @@ from gateway import messages as m
 from trainer.launch.job_config import JobConfig
 from transport.adapter_spec import adapter_key
 from transport.config import (
+    DeltaStreamTransportConfig,
     FileTransportConfig,
     GlooTransportConfig,
     JaxTransferTransportConfig,
@@ -38,7 +39,8 @@ def resolve_accelerator(job: JobConfig) -> str:
 
 
 def resolve_data_plane(job: JobConfig) -> str:
-    """The weight transport, "gloo", "nccl", "file", "shm" or "jax_transfer" (launch.data_plane;
+    """The weight transport, "gloo", "nccl", "file", "shm", "jax_transfer" or "delta_stream"
+    (launch.data_plane;
     auto: nccl
     when every engine is vLLM on GPUs, gloo otherwise: the JAX engine and every CPU run use
     gloo). The one
@@ -89,6 +91,7 @@ def data_plane_config(
     | FileTransportConfig
     | ShmTransportConfig
     | JaxTransferTransportConfig
+    | DeltaStreamTransportConfig
 ):
     """The trainer's data-plane settings: launch.data_plane_host, _port, _port_count,
     _timeout_s and tp_shards; NCCL (its buffers on the trainer's first GPU) when
@@ -98,7 +101,9 @@ def data_plane_config(
     (launch.data_plane_root, default a new /dev/shm/jaxrl-PID-HEX: a name no other run
     holds) and the receivers' wait; with launch.data_plane=jax_transfer the transfer
     servers' host (data_plane_host) and the receivers' wait (each trainer process's server
-    address is filled in at the start, `trainer.leader.with_transfer_servers`).
+    address is filled in at the start, `trainer.leader.with_transfer_servers`); with
+    launch.data_plane=delta_stream the sender's address (data_plane_host, data_plane_port),
+    each version's wait (_timeout_s), launch.delta_keep and delta_full_every.
 
     Raises:
         ValueError: as `resolve_data_plane`.
@@ -108,6 +113,12 @@ def data_plane_config(
         return JaxTransferTransportConfig(
             host=launch.data_plane_host, timeout_s=launch.data_plane_timeout_s
         )
+    if resolve_data_plane(job) == "delta_stream":
+        return DeltaStreamTransportConfig(
+            host=launch.data_plane_host, port=launch.data_plane_port,
+            timeout_s=launch.data_plane_timeout_s, keep=launch.delta_keep,
+            full_every=launch.delta_full_every,
+        )  # fmt: skip
     if resolve_data_plane(job) == "shm":
         root = launch.data_plane_root or f"/dev/shm/jaxrl-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         return ShmTransportConfig(root=root, timeout_s=launch.data_plane_timeout_s)

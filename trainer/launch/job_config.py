@@ -209,7 +209,9 @@ class LaunchSection(_Section):
     data_plane_port..data_plane_port+data_plane_port_count-1."""
     data_plane_timeout_s: float = Field(default=300.0, gt=0)
     """Seconds allowed for the data plane's rendezvous and for each of its collectives."""
-    data_plane: Literal["auto", "gloo", "nccl", "file", "shm", "jax_transfer"] = "auto"
+    data_plane: Literal["auto", "gloo", "nccl", "file", "shm", "jax_transfer", "delta_stream"] = (
+        "auto"
+    )
     """Weight transport: auto is nccl when the accelerator is gpu and the engines are vLLM
     (buckets move GPU to GPU, each TP rank receiving only its shard), else gloo (TCP). file:
     each version as files in data_plane_root, a folder every engine sees at the same path (a
@@ -218,7 +220,11 @@ class LaunchSection(_Section):
     trainer's host (`transport.shm`). jax_transfer: every trainer process serves its own
     shards through `jax.experimental.transfer` and each JAX engine pulls them onto its device
     (ICI/DCN on TPU, device to device on GPU, TCP on CPU; JAX engines only,
-    `transport.jax_transfer`)."""
+    `transport.jax_transfer`). delta_stream: the trainer listens on
+    data_plane_host:data_plane_port and each engine pulls the newest version over its own TCP
+    stream as a zstd-compressed XOR delta against the version it holds (a keyframe when it
+    holds none the trainer keeps): engines behind slow links, far from the trainer
+    (`transport.delta_stream`, docs/clusters.md "Far engines")."""
     data_plane_root: str = ""
     """With data_plane=file: the shared folder of the versions; empty: RUN_DIR/weights. With
     data_plane=shm: the segments' folder on a tmpfs; empty: a new /dev/shm/jaxrl-PID-HEX,
@@ -228,6 +234,12 @@ class LaunchSection(_Section):
     before it, a whole version every file_full_every (`transport.file_delta`)."""
     file_full_every: int = Field(default=10, ge=1)
     """With file_delta: a whole (keyframe) version every this many versions."""
+    delta_full_every: int = Field(default=0, ge=0)
+    """With data_plane=delta_stream: a keyframe to an engine after every delta_full_every - 1
+    deltas it loaded; 0: only when it holds no version the trainer keeps, or refused one."""
+    delta_keep: int = Field(default=2, ge=1)
+    """With data_plane=delta_stream: newest versions the trainer keeps as delta bases (each
+    the model's bytes in the wire dtype, in host memory), besides each engine's held one."""
     tp_shards: bool = True
     """Engines at TP > 1 receive only their own shard of each split tensor; False sends every
     tensor whole to every TP rank (vLLM's loaders then take the shard)."""

@@ -267,6 +267,7 @@ def train_and_evaluate(
         if supervisor is not None:
             supervisor.stop()
         reporter.close()
+        delta_pushes = publisher.delta_pushes
         publisher.close()
         checkpointer.close()
     rewards = [row["reward_mean"] for row in read_metrics(run_dir) if "reward_mean" in row]
@@ -282,6 +283,7 @@ def train_and_evaluate(
         "in_flight_drained_after_stop": drained,
         "engine_versions": engines,
         "engine_restarts": dict(supervisor.restarts) if supervisor else {},
+        "delta_pushes": delta_pushes,
         "eval_before": dataclasses.asdict(before) if before else None,
         "eval_after": dataclasses.asdict(after) if after else None,
         "eval_every": every.summary() if every.every else None,

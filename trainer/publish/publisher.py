@@ -29,7 +29,9 @@ the senders' server addresses and the group generation (part of every pull id).
 Elastic pushes. A push goes to the engines registered when it starts (at least `min_engines`;
 it waits up to `ready_timeout_s` for them, so a restarted engine can come back). An engine
 that dies during it is dropped from it and the version commits on the rest:
-- file transport: the dead engine is removed from the waits; nothing else changes.
+- file transport and delta stream: the dead engine is removed from the waits; nothing else
+  changes (the delta stream's one sender lives as long as the publisher: an engine that
+  comes back connects again and gets a keyframe, the others keep their streams).
 - collective (gloo/NCCL: one process group with every engine TP rank as a rank): a dead rank
   breaks the group. Before the send, the group cannot form (the wait for "ready" sees the
   member gone), or the members already in the receive on an unchanged group fail it first
@@ -90,11 +92,13 @@ from transport.adapter_spec import AdapterSpec
 from transport.base import SendStats, TransferError, WeightSender
 from transport.collective import CollectiveSender
 from transport.config import (
+    DeltaStreamTransportConfig,
     JaxTransferTransportConfig,
     TransportConfig,
     is_collective,
     serves_blocks,
 )
+from transport.delta_stream import DeltaStreamSender
 from transport.factory import make_sender
 from transport.jax_transfer import JaxTransferSender
 from transport.manifest import Manifest
@@ -257,6 +261,8 @@ class WeightPublisher:
         self._blocks: LocalBlocks | None = None
         # jax_transfer serves blocks on the trainer's devices, one process or several
         self._by_blocks = isinstance(transport, JaxTransferTransportConfig)
+        # the delta stream: one sender for the whole run, whichever engines come and go
+        self._serves_any = isinstance(transport, DeltaStreamTransportConfig)
 
     def start_catch_up(self, interval_s: float = 0.5) -> None:
         """From now on keep a host copy of each pushed version (its engine tensors in the
@@ -499,31 +505,44 @@ class WeightPublisher:
             version, f"engines kept leaving: {lost} within {self.max_attempts} attempts"
         )
 
+    @property
+    def delta_pushes(self) -> list[dict[str, Any]]:
+        """With the delta stream: every version its sender sent an engine, in order
+        (`transport.delta_stream.FarPush` as a dict: engine, version, base (None: keyframe),
+        wire_bytes, payload_bytes, seconds, encode_s, loaded, at); [] with any other
+        transport or before the first push."""
+        if not isinstance(self._sender, DeltaStreamSender):
+            return []
+        return [dataclasses.asdict(p) for p in list(self._sender.pushes)]
+
     def close(self) -> None:
         """Stop catching engines up; release the sender (and its group)."""
         self._catch_up_stop.set()
         if self._catch_up_thread is not None:
             self._catch_up_thread.join(10.0)
-        self._drop_group()
+        self._drop_group(final=True)
 
     # ----- steps -----
     def _plan(
         self, members: tuple[tuple[str, int], ...], version: int
     ) -> tuple[WeightSender, SyncPlan]:
-        if self._sender is None or members != self._members:
+        changed = members != self._members
+        if self._sender is None or (changed and not self._serves_any):
             self._drop_group()
             receivers = sum(tp for _, tp in members)
             self._sender = make_sender(
                 self.transport, num_receivers=receivers, senders=self.senders
             )
-            self._members = members
             self._generation += 1
+        elif changed:  # the delta stream's sender stays; engines tell the new plan by it
+            self._generation += 1
+        self._members = members
         ranks, offset = {}, self.senders
         for engine_id, tp in members:
             ranks[engine_id] = offset
             offset += tp
         transport = self.transport.model_dump()
-        if is_collective(self.transport):
+        if is_collective(self.transport) or self._serves_any:
             transport["port"] = int(self._sender.port)  # type: ignore[attr-defined]
         if isinstance(self._sender, JaxTransferSender):  # the engines pull from these
             transport["servers"] = list(self.transport.servers) or [self._sender.address]  # type: ignore[union-attr]
@@ -546,7 +565,12 @@ class WeightPublisher:
             return 1
         return sizes.pop() if len(sizes) == 1 else 1
 
-    def _drop_group(self) -> None:
+    def _drop_group(self, final: bool = False) -> None:
+        """Close the sender (a collective group out of step, or members changed); the delta
+        stream's sender is kept until `close` (`final`): it serves whichever engines connect,
+        and the versions it keeps are the bases of each engine's next delta."""
+        if self._serves_any and not final:
+            return
         if self._sender is not None:
             self._sender.close()
         self._sender, self._members = None, ()

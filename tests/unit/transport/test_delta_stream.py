@@ -78,6 +78,37 @@ def test_each_engine_gets_deltas_against_what_it_holds_and_keyframes_every_full_
     r.close()
 
 
+def test_by_default_a_keyframe_only_when_the_engine_holds_nothing_kept():
+    """full_every=0 (the default): one keyframe, then deltas for as long as the engine keeps
+    up, each rebuilt bit for bit; a keyframe again only for an engine whose version the sender
+    dropped (it stopped asking while `keep` newer versions came)."""
+    sender = DeltaStreamSender(keep=2, timeout_s=10.0)
+    try:
+        assert sender.full_every == 0
+        weights = _versions(14)
+        r = _receiver(sender, "far")
+        for v in range(1, 12):
+            sender.send(_m(v), weights[v - 1].items())
+            got_v, got = _newest(r)
+            assert got_v == v and _same_bits(got, weights[v - 1])
+        assert _bases(sender, "far@") == [(1, None, True)] + [(v, v - 1, True) for v in
+                                                              range(2, 12)]  # fmt: skip
+        r.close()
+        _until(lambda: all(e.dropped for e in sender.engines))
+        for v in (12, 13, 14):  # version 11 is no engine's now: beyond keep=2 it goes
+            sender.send(_m(v), weights[v - 1].items())
+        assert sender.kept == [13, 14]
+        back = DeltaStreamReceiver("127.0.0.1", sender.port, "far", timeout_s=10.0)
+        back._held = r._held  # the same engine, come back holding version 11
+        assert back.held_version == 11
+        got_v, got = _newest(back)
+        assert got_v == 14 and _same_bits(got, weights[13])
+        assert _bases(sender, "far@")[-1] == (14, None, True)
+        back.close()
+    finally:
+        sender.close()
+
+
 def test_a_slow_engine_skips_versions_without_holding_back_the_trainer_or_a_fast_engine(sender):
     weights = _versions(6)
     fast, slow = _receiver(sender, "fast"), _receiver(sender, "slow")
@@ -325,3 +356,22 @@ def test_the_factory_builds_both_ends_from_one_config():
         receiver.close()
     finally:
         sender.close()
+
+
+def test_a_kept_version_handed_over_again_is_left_as_it_is(sender):
+    """The trainer re-plans a version (an engine died during its push) or catches a restarted
+    engine up with it: the sender keeps what it has; an older version it dropped is refused."""
+    weights = _versions(4)
+    for v in (1, 2, 3):
+        sender.send(_m(v), weights[v - 1].items())
+    again = sender.send(_m(3), weights[3].items())  # other bytes: not packed, not kept
+    assert (again.version, again.seconds) == (3, 0.0) and sender.kept == [2, 3]
+    r = _receiver(sender, "back")
+    v, got = _newest(r)
+    assert v == 3 and _same_bits(got, weights[2])
+    with pytest.raises(ValueError, match="expected > 3, got 1"):
+        sender.send(_m(1), weights[0].items())
+    with pytest.raises(ManifestError, match="version 3 is kept with another layout"):
+        sender.send(_m(3, bucket_bytes=1024), weights[2].items())
+    assert sender.kept == [2, 3]
+    r.close()

@@ -8,10 +8,12 @@ import socket
 
 import psutil
 import pytest
+from pydantic import TypeAdapter
 
 from trainer.config import ConfigError
-from trainer.launch.commands import data_plane_config
+from trainer.launch.commands import data_plane_config, run_settings
 from trainer.launch.job_config import load_job_config
+from transport.config import TransportConfig
 from transport.factory import make_sender
 
 
@@ -104,3 +106,24 @@ def test_jax_transfer_takes_its_host_and_wait_and_serves_jax_engines_only():
     with pytest.raises(ValueError, match=r"jax_transfer needs every engine to be a JAX engine; "
                                          r"got engine backends \['vllm'\]"):  # fmt: skip
         data_plane_config(vllm)
+
+
+def test_the_delta_stream_data_plane_listens_where_engines_reach_the_trainer():
+    job = load_job_config(
+        None,
+        ["launch.data_plane=delta_stream", "launch.data_plane_host=10.0.0.1",
+         "launch.data_plane_port=29777", "launch.data_plane_timeout_s=40",
+         "launch.delta_keep=3"],
+    )  # fmt: skip
+    cfg = data_plane_config(job)
+    assert (cfg.kind, cfg.host, cfg.port, cfg.timeout_s, cfg.keep, cfg.full_every) == (
+        "delta_stream", "10.0.0.1", 29777, 40.0, 3, 0,
+    )  # fmt: skip
+    assert run_settings(job, "llama").transport == "delta_stream"
+    # the engines validate the plan's transport dict as any other kind
+    plan_side = TypeAdapter(TransportConfig).validate_python(cfg.model_dump())
+    assert plan_side == cfg
+    every = load_job_config(None, ["launch.data_plane=delta_stream", "launch.delta_full_every=5"])
+    assert data_plane_config(every).full_every == 5
+    with pytest.raises(ConfigError, match="delta_full_every"):
+        load_job_config(None, ["launch.data_plane=delta_stream", "launch.delta_full_every=-1"])
