@@ -26,8 +26,10 @@ on one state, N alternating steps each: the median of the paired ratios
 runs above are minutes apart, under whatever else the host runs).
 
 Ratios (reference measured in the same run): `scan_over_loop_compile`, `scan_over_loop_step`,
-`scan_over_loop_rss`, `mixed_over_fp32_step`, `mixed_over_fp32_rss` per model, and
-`scan_over_loop_compile_at_{4,16,32}`.
+`scan_over_loop_rss`, `mixed_over_fp32_step`, `mixed_over_fp32_rss` per model,
+`scan_over_loop_compile_at_{4,16,32}`, and with `--lora R` (a rank-R LoRA step, adapters on
+all seven projections, only they trained, in the last layout given) `lora_over_full_planned`,
+`lora_over_full_step`, `lora_over_full_rss` per model and precision.
 
 Measured on 2026-12-04 on a 2-core x86 host (avx2, avx512f, avx512_bf16, no AMX) shared with
 four other jobs, `--steps 1`, 23 minutes in all: SmolLM2-360M fp32 scan / loop compile 19.1 /
@@ -40,7 +42,7 @@ compile 26.7 / 6.4 s (fp32), 38.9 / 11.8 s (mixed). Depth sweep, scan / loop com
 
 Usage: python benchmarks/model_scale.py [--models smollm2_360m,llama_1b]
     [--precisions fp32,bf16_mixed] [--layouts scan,loop] [--depths 4,16,32] [--seq-len 256]
-    [--steps 1] [--max-gib 12] [--remat none] [--paired N] [--no-run]
+    [--steps 1] [--max-gib 12] [--remat none] [--paired N] [--no-run] [--lora R]
 Prints one line per configuration and ratio, then one JSON object on the last line.
 """
 
