@@ -40,7 +40,8 @@ def test_every_request_field_is_bounded_at_its_configured_limit():
     methods = {c.method for c in all_cases}
     # all 14 methods but the three whose requests hold only numbers
     assert len(methods) == 11 and not methods & {"FetchRollouts", "WaitSync", "GetStatus"}
-    assert len(all_cases) == 56  # an episode's env and task, submitted and returned; routes
+    assert len(all_cases) == 58  # an episode's env and task, submitted and returned; routes;
+    # the LoRA adapter key of RunSettings and RegisterRequest
     for case in all_cases:
         bounds.check(case.build(case.limit))  # at the bound: accepted
         with pytest.raises(GatewayError) as err:
