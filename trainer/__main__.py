@@ -8,7 +8,9 @@
   (`trainer.eval.run`); every flag is also a config key (``--config``, ``section.key=value``);
 - ``export RUN_DIR[/checkpoints/STEP] OUT_DIR``: a training checkpoint as an HF folder
   (`trainer.eval.export`);
-- ``parity``: the model-parity demo on SmolLM2 or any HF folder.
+- ``parity``: the model-parity demo on SmolLM2 or any HF folder;
+- ``compare RUN_DIR ... --out PNG [--labels A B ...]``: several runs' reward curves and held-out
+  accuracies in one plot (`trainer.launch.compare`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ def _parser() -> argparse.ArgumentParser:
     parity.add_argument("--model", type=Path, default=None, help="HF folder (default: SmolLM2)")
     parity.add_argument("--prompt", default="What is 17 + 25? Answer with a number.")
     parity.add_argument("--new-tokens", type=int, default=32)
+    compare = sub.add_parser("compare", help="several runs' reward curves in one plot")
+    compare.add_argument("run_dirs", type=Path, nargs="+", help="run folders (metrics.jsonl)")
+    compare.add_argument("--out", type=Path, required=True, help="the PNG to write")
+    compare.add_argument("--labels", nargs="*", default=[], help="a legend name per run")
+    compare.add_argument("--title", default="", help="the plot's title")
     return parser
 
 
@@ -183,6 +190,19 @@ def main(argv: list[str] | None = None) -> int:
         except (FileNotFoundError, ValueError) as err:
             print(f"export error: {err}", file=sys.stderr)
             return 2
+        return 0
+    if args.command == "compare":
+        from trainer.launch.compare import compare_runs, format_comparison, plot_comparison
+
+        try:
+            runs = compare_runs(args.run_dirs, args.labels)
+        except ValueError as err:
+            print(f"compare error: {err}", file=sys.stderr)
+            return 2
+        print(format_comparison(runs))
+        print(f"plot: {plot_comparison(runs, args.out, args.title)}")
+        keys = ("label", "reward_first5", "reward_last5", "reward_ends_steps", "held_out")
+        print(json.dumps([{k: r[k] for k in keys} for r in runs]))
         return 0
     if args.command == "parity":
         from models.checkpoints.smollm2 import ensure_smollm2
