@@ -40,6 +40,7 @@ transport module. On GPUs the same seam would carry CUDA IPC handles instead of 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import mmap
 import os
 import struct
@@ -120,6 +121,26 @@ class _SegmentRegions(BufferPool):
         return self._segment[off : off + total]
 
 
+class _KeptMap:
+    """The sender's read-write shared mapping of one segment of `size` bytes and a uint8
+    `[size]` tensor over it, kept while the segment is kept. MAP_POPULATE maps the pages
+    fallocate reserved in one go, not one fault per page while packing."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        import torch
+
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        self.size = size
+        self.mm = mmap.mmap(fd, size, flags, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.segment = torch.frombuffer(self.mm, dtype=torch.uint8)
+
+    def close(self) -> None:
+        """Unmap (a view still alive, e.g. in a traceback: the mapping goes with it at gc)."""
+        del self.segment
+        with contextlib.suppress(BufferError):
+            self.mm.close()
+
+
 class ShmSender(FolderSender):
     """Writes each version as a segment under `root` and commits it by a rename (see
     `FolderSender`; `root` is a folder on a tmpfs, e.g. /dev/shm/jaxrl-RUN, that every engine
@@ -130,6 +151,11 @@ class ShmSender(FolderSender):
         self._written: list[Path] = []
         self._reusing = False
         self.reused = 0  # versions written into a retired segment (`shm_lease`)
+        # (st_dev, st_ino) of each kept segment -> its mapping: a rewrite in place packs into
+        # the mapping it already has, its page-table entries populated (a fresh mapping of
+        # the same file costs MAP_POPULATE's pass over every page, about a memcpy again)
+        self._maps: dict[tuple[int, int], _KeptMap] = {}
+        self._key_of: dict[Path, tuple[int, int]] = {}
 
     def _segment_fd(self, tmp: Path) -> int:
         """An open read-write descriptor of the file at `tmp` to write the next version into:
@@ -139,7 +165,7 @@ class ShmSender(FolderSender):
         if len(self._written) >= self.keep:
             fd = claim_retired(self._written[0], tmp)
             if fd is not None:
-                self._written.pop(0)
+                self._key_of.pop(self._written.pop(0), None)  # its mapping stays, by inode
                 self._reusing = True
                 return fd
         return os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -152,7 +178,6 @@ class ShmSender(FolderSender):
                 committed).
             TransferError: the folder has no room for the segment (nothing is written).
         """
-        import torch
 
         t0 = time.perf_counter()
         regions, size = bucket_offsets(manifest)
@@ -171,43 +196,63 @@ class ShmSender(FolderSender):
                     f"no room for version {manifest.version} in {self.root}: it needs "
                     f"{size / 2**20:.1f} MiB ({e.strerror})"
                 ) from None
-            # MAP_POPULATE: the pages fallocate reserved are mapped in one go, not faulted in
-            # one by one while packing (faster packing)
-            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            mm = mmap.mmap(fd, size, flags, mmap.PROT_READ | mmap.PROT_WRITE)
+            st = os.fstat(fd)
+            key = (st.st_dev, st.st_ino)
+            kept = self._maps.pop(key, None)
+            if kept is not None and kept.size != size:  # grown or shrunk: map it again
+                kept.close()
+                kept = None
             try:
-                mm[: _HEAD.size] = _HEAD.pack(
+                if kept is None:
+                    kept = _KeptMap(fd, size)
+                kept.mm[: _HEAD.size] = _HEAD.pack(
                     MAGIC, FORMAT, manifest.version, manifest.total_bytes,
                     manifest.fingerprint(),
                 )  # fmt: skip
-                pool = _SegmentRegions(torch.frombuffer(mm, dtype=torch.uint8), regions)
+                pool = _SegmentRegions(kept.segment, regions)
                 n = sum(1 for _ in iter_packed(manifest, tensors, "cpu", pool))
                 del pool
-            finally:
-                with contextlib.suppress(BufferError):  # a view in a traceback: unmapped by gc
-                    mm.close()
+            except BaseException:
+                if kept is not None:
+                    kept.close()
+                raise
             os.replace(tmp, final)
         finally:
+            # Python's mmap holds a dup of `fd`, the same open file: unlock it explicitly,
+            # closing `fd` alone would leave a claimed segment's exclusive lock on the kept map
+            fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
+        self._maps[key] = kept
+        self._key_of[final] = key
         self.reused += self._reusing
         if final in self._written:
             self._written.remove(final)
         self._written.append(final)
         for old in self._written[: -self.keep]:
-            with contextlib.suppress(FileNotFoundError):
-                old.unlink()
+            self._unlink(old)
         self._written = self._written[-self.keep :]
         return SendStats(manifest.version, manifest.total_bytes, n, time.perf_counter() - t0)
+
+    def _unlink(self, path: Path) -> None:
+        """Unlink a segment this sender wrote and drop its kept mapping (which would
+        otherwise keep its pages in RAM after the unlink)."""
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        kept = self._maps.pop(self._key_of.pop(path, (-1, -1)), None)
+        if kept is not None:
+            kept.close()
 
     def close(self) -> None:
         """Unlink every segment this sender wrote (engines that map one keep its pages), and
         `root` itself when that leaves it empty."""
         for p in self._written:
-            with contextlib.suppress(FileNotFoundError):
-                p.unlink()
+            self._unlink(p)
         self._written = []
+        for kept in self._maps.values():  # a segment claimed by a send that then failed
+            kept.close()
+        self._maps, self._key_of = {}, {}
         with contextlib.suppress(OSError):  # not empty, or gone
             self.root.rmdir()
 

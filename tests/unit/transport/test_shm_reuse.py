@@ -128,3 +128,38 @@ def test_an_engine_asking_for_a_rewritten_version_gets_a_clear_error(tmp_path):
     assert sender.reused == 1 and _exact(_load(receiver, _m(3)), _w(3))  # v3 intact
     for end in (late, receiver, sender):
         end.close()
+
+
+def _mapped_segments(root) -> list[str]:
+    """The lines of /proc/self/maps that map a file under `root` (deleted ones included)."""
+    return [line for line in open("/proc/self/maps") if str(root) in line]
+
+
+def test_the_sender_packs_a_rewrite_into_the_mapping_it_kept_and_unmaps_what_it_unlinks(tmp_path):
+    cfg = ShmTransportConfig(root=str(tmp_path / "shm"), timeout_s=5, keep=2)
+    sender, receiver, slow = make_sender(cfg), make_receiver(cfg), make_receiver(cfg)
+    maps = []
+    for v in (1, 2, 3, 4):
+        sender.send(_m(v), _w(v).items())
+        maps.append({id(k.mm) for k in sender._maps.values()})
+        assert _exact(_load(receiver, _m(v)), _w(v))
+    # v3 and v4 went into v1's and v2's segments through the very mappings v1 and v2 made
+    assert sender.reused == 2 and maps[3] == maps[1] and len(maps[3]) == 2
+    receiver.close()
+    receiver = make_receiver(cfg)
+    views: list = []
+    slow.receive(_m(4), views.extend)  # an engine holds v4: v5 goes fresh, v3's is unlinked
+    for v in (5, 6):
+        sender.send(_m(v), _w(v).items())
+        assert _exact(_load(receiver, _m(v)), _w(v))
+    assert len(sender._maps) == 2  # never more mappings than kept segments
+    held = [line for line in _mapped_segments(cfg.root) if "(deleted)" in line]
+    # the only unlinked segment still mapped is v4's, by the engine that holds it
+    assert len(held) == 1 and all(torch.equal(t, _w(4)[n].bfloat16()) for n, t in views)
+    del views
+    for end in (slow, receiver, sender):
+        end.close()
+    import gc
+
+    gc.collect()
+    assert _mapped_segments(cfg.root) == []  # close unmaps everything the sender kept
