@@ -95,16 +95,17 @@ def _product(sizes: dict[str, int]) -> str:
     return f"{'·'.join(shown)} = {'·'.join(map(str, shown.values()))} = {math.prod(sizes.values())}"
 
 
-def check_tp(cfg: ModelConfig, tp: int) -> None:
+def check_tp(cfg: ModelConfig, tp: int, name: str = "trainer.tp") -> None:
     """Holds a model against a tensor-parallel degree: "tp" splits the query heads and the KV
-    heads (`models.axes.LOGICAL_AXIS_RULES`), so it must divide both.
+    heads (`models.axes.LOGICAL_AXIS_RULES`), so it must divide both. `name` is the setting
+    the message names (the trainer's, or the JAX engine's "jax tp").
 
     Raises:
         MeshError: `tp` does not divide num_heads or num_kv_heads (names the numbers).
     """
     for what, n in (("num_heads", cfg.num_heads), ("num_kv_heads", cfg.num_kv_heads)):
         if n % tp:
-            raise MeshError(f"trainer.tp={tp} does not divide the model's {what}={n}")
+            raise MeshError(f"{name}={tp} does not divide the model's {what}={n}")
 
 
 def check_ep(cfg: ModelConfig, ep: int) -> None:

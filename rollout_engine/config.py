@@ -97,6 +97,11 @@ class JaxOptions(BaseModel):
     """Smallest decode attention bound in cache slots (0: attend to every slot)."""
     replicas: int = Field(default=1, ge=1)
     devices_per_replica: int = Field(default=1, ge=1)
+    tp: int = Field(default=1, ge=1)
+    """Tensor-parallel degree inside a replica: must divide devices_per_replica (the rest of
+    its devices split the slots) and the model's query and KV heads, MLP width and vocab;
+    params are placed by the trainer's logical-axis rules and the KV cache split over its
+    heads (`rollout_engine.jax.tp`). 1 (default): params replicated on a replica's devices."""
     temperature: float = Field(default=1.0, ge=0)
     top_k: int = Field(default=0, ge=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
@@ -105,6 +110,14 @@ class JaxOptions(BaseModel):
     """Never stop a sample on EOS (benchmarks: every sample runs to its max_new_tokens); the
     engine then serves only requests that ask for it (`SamplingParams.ignore_eos`), since
     whether EOS stops a slot is compiled in."""
+
+    @model_validator(mode="after")
+    def _check_tp(self) -> JaxOptions:
+        if self.devices_per_replica % self.tp:
+            raise ValueError(
+                f"tp={self.tp} does not divide devices_per_replica={self.devices_per_replica}"
+            )
+        return self
 
 
 class EngineProcessConfig(BaseModel):

@@ -120,6 +120,7 @@ class JaxBackend(RolloutBackend):
             StopConfig(eos_ids=(model_cfg.vocab_size,) if c.ignore_eos else eos, pad_id=eos[0]),
             replicas=c.replicas,
             devices_per_replica=c.devices_per_replica,
+            tp=c.tp,
         )
         params = nnx.split(model)[1]
         if self.adapter is not None:  # every adapter version is merged into this base copy
@@ -278,7 +279,7 @@ class JaxBackend(RolloutBackend):
         cfg = self._model_cfg
         target = jnp.dtype(cfg.param_dtype)  # bfloat16 too (ml_dtypes)
         family = get_family(cfg.family)
-        loaded = {}
+        loaded: dict[str, Any] = {}
         on_device = isinstance(self._receiver, JaxTransferReceiver)  # no host round trip
         if manifest.adapter is not None:  # W_base + (alpha / r) B A; the base copy is kept
             from models.checkpoints.peft_io import merge_peft
@@ -290,8 +291,8 @@ class JaxBackend(RolloutBackend):
         else:
             for rule, array in checkpoint_to_params(
                 family, cfg, host.__getitem__, set(host), contiguous=not on_device
-            ):
-                loaded[rule.jax] = jnp.asarray(array.astype(target))
+            ):  # host arrays stay on the host: the engine puts each into its replicas' layout
+                loaded[rule.jax] = array.astype(target)
         model = model_from_params(cfg, loaded)
         self.update_params(nnx.split(model)[1], manifest.version)
         t2 = time.perf_counter()

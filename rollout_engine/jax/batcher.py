@@ -40,6 +40,7 @@ from rollout_engine.jax.sampling import RowSampling, SamplingConfig
 from rollout_engine.jax.state import SlotState, init_slots
 from rollout_engine.jax.stop_strings import Decode, StopStringMatcher
 from rollout_engine.jax.stops import STOP_EOS, StopConfig
+from rollout_engine.jax.tp import state_sharding
 from rollout_engine.jax.types import FINISH_REASONS, Request, SampleResult
 
 
@@ -111,11 +112,13 @@ class ContinuousBatcher:
 
     Args:
         model_cfg: the model. graphdef, params: ``nnx.split(decoder)``; params already placed
-            on the replica's devices (replicated over ``mesh`` in the sharded mode).
+            on the replica's devices (placed on ``mesh`` by `tp.param_shardings` in the
+            sharded mode).
         cfg: sizes. sampling: the default of requests that set no temperature / top-k / top-p
             of their own (each slot samples with its request's; `sampling.truncates` compiles
             the top-k / top-p filters in). stops: static settings.
-        mesh: for the data-parallel mode, a 1-D mesh (axis ``"data"``) over which slots shard.
+        mesh: for the sharded mode, the replica's ("data", "tp") mesh (`tp.replica_mesh`):
+            slots shard over "data", the KV cache's heads over "tp".
         version: the weight version of ``params``. replica: index stamped on the results.
         decode: token ids -> text (special tokens skipped), for requests with stop strings.
     """
@@ -134,9 +137,10 @@ class ContinuousBatcher:
         replica: int = 0,
         decode: Decode | None = None,
     ):
-        if mesh is not None and cfg.num_slots % mesh.size:
+        if mesh is not None and cfg.num_slots % mesh.shape["data"]:
             raise ValueError(
-                f"num_slots {cfg.num_slots} must be a multiple of the {mesh.size} devices"
+                f"num_slots {cfg.num_slots} must be a multiple of the {mesh.shape['data']} "
+                "devices the slots split over"
             )
         self.cfg, self.sampling, self.stops = cfg, sampling, stops
         self.params, self.version, self.replica = params, version, replica
@@ -175,9 +179,7 @@ class ContinuousBatcher:
             pad_id=stops.pad_id,
         )
         if mesh is not None:
-            state = jax.device_put(
-                state, jax.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
-            )
+            state = jax.device_put(state, state_sharding(state, mesh))
         else:
             leaf = jax.tree.leaves(params)[0]
             if isinstance(leaf, jax.Array):  # the replica's device is where its params are

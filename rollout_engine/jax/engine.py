@@ -4,7 +4,9 @@ After the seed write-up "Async RL in Pure JAX" (one replica per device group, on
 no communication between replicas). Replicas pull whole requests from one shared inbox while
 their own queue holds fewer samples than slots (work stealing, so a slow replica takes less);
 each request's G samples stay on one replica and share one prefill. A replica of several
-devices shards its slots over them (the data-parallel mode, see ``insert.sharded_scatter_rows``).
+devices runs on a ("data", "tp") mesh (`rollout_engine.jax.tp`): its slots split over "data"
+(see ``insert.sharded_scatter_rows``), its params placed by the trainer's logical-axis rules
+(heads, KV heads, MLP width and vocab over "tp") and its KV cache split over the KV heads.
 
 Public API: ``JaxEngine(model_cfg, params, cfg)``, ``generate(requests) -> results``,
 ``submit`` / ``poll`` for streaming, ``update_weights(params, version)``, ``close()``.
@@ -19,10 +21,8 @@ import time
 from collections.abc import Hashable, Sequence
 
 import jax
-import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding
 
 from models.config import ModelConfig
 from models.decoder import Decoder
@@ -30,6 +30,7 @@ from rollout_engine.jax.batcher import BatcherConfig, ContinuousBatcher
 from rollout_engine.jax.sampling import SamplingConfig
 from rollout_engine.jax.stop_strings import Decode
 from rollout_engine.jax.stops import StopConfig
+from rollout_engine.jax.tp import param_shardings, place_params, replica_mesh
 from rollout_engine.jax.types import Request, SampleResult
 
 
@@ -43,6 +44,8 @@ class EngineConfig:
             ``None`` takes the model's ``eos_token_ids`` and pad 0.
         replicas: number of replicas (threads).
         devices_per_replica: devices of one replica; above 1 its slots shard over them.
+        tp: tensor-parallel degree inside a replica (divides ``devices_per_replica``; the rest
+            is the slots' "data" axis); 1 (default): params replicated, as before.
         gather_s: seconds a replica with nothing in flight waits for each next request after
             the first of a burst before it starts decoding (0: it starts with what is already
             queued); requests that arrive later join only at its next decode call
@@ -54,6 +57,7 @@ class EngineConfig:
     stops: StopConfig | None = None
     replicas: int = 1
     devices_per_replica: int = 1
+    tp: int = 1
     gather_s: float = 0.01
 
 
@@ -74,8 +78,10 @@ class JaxEngine:
         decode: token ids -> text, for requests with stop strings (`ContinuousBatcher`).
 
     Raises:
-        ValueError: fewer devices than ``replicas · devices_per_replica``, or a model with no
-            EOS id while ``cfg.stops`` is None.
+        ValueError: fewer devices than ``replicas · devices_per_replica``, a model with no
+            EOS id while ``cfg.stops`` is None, or ``cfg.tp`` not dividing the replica's
+            devices, the model's query or KV heads, MLP width or vocab (checked before any
+            replica starts; `models.sharding.MeshError` for the heads).
     """
 
     def __init__(
@@ -101,22 +107,22 @@ class JaxEngine:
             stops = StopConfig(eos_ids=tuple(model_cfg.eos_token_ids))
         self.cfg, self.stops = cfg, stops
         graphdef = decoder_graphdef(model_cfg)
-        self._shardings = []
+        meshes = [replica_mesh(devices[i * d : (i + 1) * d], cfg.tp) for i in range(r)]
+        self._shardings: list[dict[tuple, NamedSharding] | jax.Device] = [
+            param_shardings(model_cfg, mesh) if d > 1 else devices[i * d]
+            for i, mesh in enumerate(meshes)
+        ]
         self._batchers: list[ContinuousBatcher] = []
-        for i in range(r):
-            group = devices[i * d : (i + 1) * d]
-            mesh = Mesh(np.array(group), ("data",)) if d > 1 else None
-            sharding = NamedSharding(mesh, P()) if mesh is not None else group[0]
-            self._shardings.append(sharding)
+        for i, mesh in enumerate(meshes):
             self._batchers.append(
                 ContinuousBatcher(
                     model_cfg,
                     graphdef,
-                    jax.device_put(params, sharding),
+                    place_params(params, self._shardings[i]),
                     cfg.batcher,
                     cfg.sampling,
                     stops,
-                    mesh=mesh,
+                    mesh=mesh if d > 1 else None,
                     version=version,
                     replica=i,
                     decode=decode,
@@ -235,11 +241,13 @@ class JaxEngine:
     def update_weights(self, params: nnx.State, version: int) -> None:
         """Hand new weights to every replica; each switches at its next safe point.
 
-        Arrays already on a replica's devices with its sharding are referenced, not copied
-        (``jax.device_put`` to the same sharding returns the same buffers).
+        Each tensor is put straight into the replica's layout (`tp.place_params`: a host array
+        sends each device its own slice); arrays already on a replica's devices with its
+        sharding are referenced, not copied (``jax.device_put`` to the same sharding returns
+        the same buffers).
         """
-        for batcher, sharding in zip(self._batchers, self._shardings, strict=True):
-            batcher.update_weights(jax.device_put(params, sharding), version)
+        for batcher, shardings in zip(self._batchers, self._shardings, strict=True):
+            batcher.update_weights(place_params(params, shardings), version)
 
     def close(self) -> None:
         """Stop the replica threads (in-flight samples are dropped)."""

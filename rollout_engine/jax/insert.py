@@ -161,8 +161,12 @@ def sharded_scatter_rows(mesh: Mesh, axis: str):
     def run(state: SlotState, upd: SlotUpdate, slots: jax.Array) -> SlotState:
         state_spec = jax.tree.map(lambda _: P(axis), state)
         upd_spec = jax.tree.map(lambda _: P(), upd)
-        fn = jax.shard_map(
-            local, mesh=mesh, in_specs=(state_spec, upd_spec, P()), out_specs=state_spec
+        fn = jax.shard_map(  # manual over `axis` only: a "tp" axis stays XLA's (Auto)
+            local,
+            mesh=mesh,
+            in_specs=(state_spec, upd_spec, P()),
+            out_specs=state_spec,
+            axis_names={axis},
         )
         return fn(state, upd, slots)
 
