@@ -9,6 +9,7 @@ import threading
 
 import jax
 import numpy as np
+import pydantic
 import pytest
 from flax import nnx
 
@@ -21,6 +22,7 @@ from models.config import ModelConfig
 from models.decoder import Decoder
 from models.params import model_from_params
 from models.sharding import MeshError
+from rollout_engine.config import JaxOptions
 from rollout_engine.jax.backend import JaxBackend, JaxBackendConfig
 from rollout_engine.jax.batcher import BatcherConfig
 from rollout_engine.jax.engine import EngineConfig, JaxEngine
@@ -115,6 +117,12 @@ def test_heads_tp_does_not_divide_are_refused_before_start() -> None:
         _engine(cfg, params, 4, 4)
     with pytest.raises(ValueError, match="jax tp=3 does not divide the replica's 4 devices"):
         _engine(cfg, params, 4, 3)
+    odd = ModelConfig.from_hf(dict(TINY_CONFIGS["llama"], vocab_size=63, eos_token_id=EOS))
+    odd_params = nnx.split(Decoder(odd, rngs=nnx.Rngs(0)))[1]
+    with pytest.raises(ValueError, match="logical axis 'vocab' of size 63 does not split over"):
+        _engine(odd, odd_params, 2, 2)
+    with pytest.raises(pydantic.ValidationError, match="tp=3 does not divide devices_per_rep"):
+        JaxOptions(devices_per_replica=4, tp=3)  # the engine process's flags, at parse time
 
 
 def _one_device(cfg, model, prompt: list[int]) -> tuple[list[int], np.ndarray]:
