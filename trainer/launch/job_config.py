@@ -258,6 +258,10 @@ class LaunchSection(_Section):
     """JAX engine: samples decoded together."""
     jax_prefill_batch: int = Field(default=8, ge=1)
     jax_steps_per_call: int = Field(default=16, ge=1)
+    jax_tp: int = Field(default=1, ge=1)
+    """JAX engine: tensor-parallel degree over its devices_per_engine devices (must divide it;
+    the rest split the slots); params placed by the trainer's logical-axis rules, the KV
+    cache split over its heads (docs/engines.md). 1: params replicated on every device."""
     vllm_kv_cache_gib: int = Field(default=1, ge=1)
     """vLLM: KV cache GiB (VLLM_CPU_KVCACHE_SPACE on CPU)."""
     vllm_block_size: int = Field(default=0, ge=0)
@@ -335,6 +339,11 @@ class JobConfig(_Section):
             raise ValueError(
                 f"launch.engine_backends: expected {launch.num_engines} entries (num_engines), "
                 f"got {len(launch.engine_backends)}"
+            )
+        if launch.devices_per_engine % launch.jax_tp:
+            raise ValueError(
+                f"launch.jax_tp={launch.jax_tp} does not divide launch.devices_per_engine="
+                f"{launch.devices_per_engine}"
             )
         if launch.min_engines > launch.num_engines:
             raise ValueError(

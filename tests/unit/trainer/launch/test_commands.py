@@ -93,6 +93,10 @@ def test_engine_argv_switches_backend_only(tmp_path):
     common = ["--gateway", "h:1", "--token-file", str(tmp_path / "t"), "--model", str(tmp_path)]
     assert all(" ".join(common) in " ".join(a) for a in (jax_argv, vllm_argv))
     assert "--lora-rank" not in jax_argv  # full-weight pushes: any engine serves them
+    tp_job = _job("launch.devices_per_engine=4", "launch.jax_tp=2")
+    tp_argv = engine_argv(tp_job, 0, "h:1", tmp_path / "t", tmp_path, 96)
+    assert tp_argv[tp_argv.index("--jax-tp") + 1] == "2"
+    assert tp_argv[tp_argv.index("--jax-devices-per-replica") + 1] == "4"
 
 
 def test_an_adapter_only_run_starts_engines_for_its_adapter(tmp_path):

@@ -113,6 +113,10 @@ def test_cli_help_and_bad_key_answer_fast():
             "trainer.dp x fsdp x ep x tp = 1 x 2 x 2 x 1 = 4, but the trainer has 2 devices",
         ),
         (["trainer.ep=0"], "trainer.ep: Input should be greater than or equal to 1"),
+        (
+            ["launch.jax_tp=2", "launch.devices_per_engine=3"],
+            "launch.jax_tp=2 does not divide launch.devices_per_engine=3",
+        ),
     ],
 )
 def test_a_mesh_that_does_not_tile_the_devices_names_the_numbers(overrides, message):
