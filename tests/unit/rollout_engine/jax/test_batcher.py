@@ -4,11 +4,7 @@ in-flight batches, with prefill compiled once per bucket and greedy results inde
 import jax
 import numpy as np
 import pytest
-from flax import nnx
 
-from models.checkpoints.tiny import TINY_CONFIGS
-from models.config import ModelConfig
-from models.decoder import Decoder
 from rollout_engine.jax.batcher import BatcherConfig, ContinuousBatcher
 from rollout_engine.jax.sampling import SamplingConfig
 from rollout_engine.jax.stops import StopConfig
@@ -18,10 +14,8 @@ EOS = 0
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    cfg = ModelConfig.from_hf(dict(TINY_CONFIGS["llama"], vocab_size=64, eos_token_id=EOS))
-    graphdef, params = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
-    return cfg, graphdef, params
+def tiny(tiny_split):
+    return tiny_split("llama")
 
 
 def _requests(rng, ids, g):

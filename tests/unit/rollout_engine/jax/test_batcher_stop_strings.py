@@ -4,12 +4,8 @@ nothing decoded past it, the other slots' samples unchanged."""
 
 import numpy as np
 import pytest
-from flax import nnx
 
 from gateway import messages as m
-from models.checkpoints.tiny import TINY_CONFIGS
-from models.config import ModelConfig
-from models.decoder import Decoder
 from rollout_engine.episode import cut_at_stop
 from rollout_engine.jax.batcher import BatcherConfig, ContinuousBatcher
 from rollout_engine.jax.sampling import SamplingConfig
@@ -26,10 +22,8 @@ def decode(ids: list[int]) -> str:
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    cfg = ModelConfig.from_hf(dict(TINY_CONFIGS["llama"], vocab_size=64, eos_token_id=EOS))
-    graphdef, params = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
-    return cfg, graphdef, params
+def tiny(tiny_split):
+    return tiny_split("llama")
 
 
 def _run(tiny, stops: dict[int, tuple[str, ...]], **kw):

@@ -5,11 +5,7 @@ and several replicas with small bounds give the samples of the unbounded single 
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
-from models.checkpoints.tiny import TINY_CONFIGS
-from models.config import ModelConfig
-from models.decoder import Decoder
 from rollout_engine.jax.batcher import BatcherConfig, ContinuousBatcher
 from rollout_engine.jax.engine import EngineConfig, JaxEngine
 from rollout_engine.jax.sampling import SamplingConfig
@@ -20,10 +16,8 @@ NEVER = StopConfig(eos_ids=(64,), pad_id=1)  # outside the vocabulary: samples r
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    cfg = ModelConfig.from_hf(dict(TINY_CONFIGS["qwen2"], vocab_size=64, eos_token_id=0))
-    graphdef, params = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
-    return cfg, graphdef, params
+def tiny(tiny_split):
+    return tiny_split("qwen2")
 
 
 def test_a_call_stops_at_its_bound_and_the_next_bound_holds_the_slot(tiny) -> None:

@@ -6,11 +6,7 @@ requests that do not continue, or ask for several samples, are prefilled whole."
 
 import numpy as np
 import pytest
-from flax import nnx
 
-from models.checkpoints.tiny import TINY_CONFIGS
-from models.config import ModelConfig
-from models.decoder import Decoder
 from rollout_engine.jax.batcher import BatcherConfig, ContinuousBatcher
 from rollout_engine.jax.sampling import SamplingConfig
 from rollout_engine.jax.stops import StopConfig
@@ -22,10 +18,8 @@ OBS = (3, 4, 50, 51, 52)
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    cfg = ModelConfig.from_hf(dict(TINY_CONFIGS["llama"], vocab_size=64, eos_token_id=EOS))
-    graphdef, params = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
-    return cfg, graphdef, params
+def tiny(tiny_split):
+    return tiny_split("llama")
 
 
 def _batcher(tiny, slots=4, temperature=0.0):
