@@ -24,6 +24,30 @@ def flat_params(model: Decoder) -> dict[str, jax.Array]:
     return {path_str(path): var.get_value() for path, var in flat}
 
 
+def replace_params(state: nnx.State, new: Mapping[str, jax.Array]) -> nnx.State:
+    """`state` (``nnx.split(decoder)[1]``) with the leaves named in `new` (dot paths)
+    replaced and every other leaf shared, not copied: a new version of some params (e.g. a
+    LoRA merge's adapted kernels) without rebuilding the model (`model_from_params` traces
+    the whole Decoder again).
+
+    Raises:
+        KeyError: a name of `new` that `state` lacks (named).
+        ValueError: an array whose shape differs from the leaf it replaces (named).
+    """
+    flat, seen = [], set()
+    for path, var in nnx.to_flat_state(state):
+        name = path_str(path)
+        if name in new:
+            value, old = new[name], var.get_value()
+            if tuple(value.shape) != tuple(old.shape):
+                raise ValueError(f"param {name}: expected shape {old.shape}, got {value.shape}")
+            var, _ = var.replace(value), seen.add(name)
+        flat.append((path, var))
+    if missing := sorted(set(new) - seen):
+        raise KeyError(f"no param {missing[0]} in the model ({len(missing)} unknown names)")
+    return nnx.from_flat_state(flat)
+
+
 def param_axes(model: Decoder) -> dict[str, tuple[str, ...] | None]:
     """The logical axes every param of `model` declared (`models.axes.param`), by dot path;
     None for a param that declared none (a test holds that there is none)."""

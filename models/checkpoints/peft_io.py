@@ -65,13 +65,21 @@ def merge_peft(
         KeyError: a tensor `spec` needs that `tensors` lacks (named).
     """
     out = dict(base)
+    s = jnp.float32(scaling)
     for mod in adapter_modules(cfg, targets):
-        w = base[mod.kernel]
-        a = jnp.asarray(tensors[f"{mod.peft}.lora_A.weight"], jnp.float32)  # [r, I]
-        b = jnp.asarray(tensors[f"{mod.peft}.lora_B.weight"], jnp.float32)  # [O, r]
-        delta = (a.T @ b.T).reshape(w.shape)  # [I, O] -> the kernel's (in..., out...) dims
-        out[mod.kernel] = (w.astype(jnp.float32) + scaling * delta).astype(w.dtype)
+        a = tensors[f"{mod.peft}.lora_A.weight"]  # [r, I]
+        b = tensors[f"{mod.peft}.lora_B.weight"]  # [O, r]
+        out[mod.kernel] = _merge_kernel(base[mod.kernel], a, b, s)
     return out
+
+
+@jax.jit
+def _merge_kernel(w: jax.Array, a: Any, b: Any, scaling: jax.Array) -> jax.Array:
+    """W + scaling * reshape((B A)^T) in float32, cast to W's dtype: one compiled call per
+    kernel shape (an adapter's kernels have a handful), not six eager ops per kernel."""
+    a32, b32 = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)  # [r, I], [O, r]
+    delta = (a32.T @ b32.T).reshape(w.shape)  # [I, O] -> the kernel's (in..., out...) dims
+    return (w.astype(jnp.float32) + scaling * delta).astype(w.dtype)
 
 
 def adapter_tensors(model: Decoder, dtype: str = "float32") -> tuple[dict[str, np.ndarray], dict]:

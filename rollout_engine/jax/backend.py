@@ -86,6 +86,7 @@ class JaxBackend(RolloutBackend):
         self._decode: Callable[[list[int]], str] | None = None  # the tokenizer's, at start
         self.adapter = served_adapter(cfg.lora_rank, cfg.lora_targets)
         self._base: dict[str, Any] = {}  # the start checkpoint's flat params (adapter merges)
+        self._served: nnx.State | None = None  # its state (adapter versions replace kernels)
 
     @property
     def weight_version(self) -> int | None:
@@ -128,6 +129,7 @@ class JaxBackend(RolloutBackend):
             from models.params import flat_params
 
             self._base = flat_params(model)
+            self._served = params  # the start checkpoint's state: the unadapted leaves
             shapes = adapter_shapes(model_cfg, self.adapter.targets, self.adapter.rank)
             self._expected = {n: (s, c.dtype) for n, s in shapes}
         tok = await asyncio.to_thread(_load_tokenizer, c.model)
@@ -283,18 +285,24 @@ class JaxBackend(RolloutBackend):
         on_device = isinstance(self._receiver, JaxTransferReceiver)  # no host round trip
         if manifest.adapter is not None:  # W_base + (alpha / r) B A; the base copy is kept
             from models.checkpoints.peft_io import merge_peft
+            from models.checkpoints.peft_layout import adapter_modules
+            from models.params import replace_params
 
             a = manifest.adapter
-            loaded = await asyncio.to_thread(
+            adapted = {mod.kernel for mod in adapter_modules(cfg, a.targets)}
+            merged = await asyncio.to_thread(
                 merge_peft, self._base, cfg, host, a.targets, a.scaling
             )
+            # only the adapted kernels are new: every other leaf of the served params is
+            # shared (the engine keeps each array already in its replicas' layout)
+            params = replace_params(self._served, {k: merged[k] for k in adapted})
         else:
             for rule, array in checkpoint_to_params(
                 family, cfg, host.__getitem__, set(host), contiguous=not on_device
             ):  # host arrays stay on the host: the engine puts each into its replicas' layout
                 loaded[rule.jax] = array.astype(target)
-        model = model_from_params(cfg, loaded)
-        self.update_params(nnx.split(model)[1], manifest.version)
+            params = nnx.split(model_from_params(cfg, loaded))[1]
+        self.update_params(params, manifest.version)
         t2 = time.perf_counter()
         phases = {"transfer": t1 - t0, "load": t2 - t1, "total": t2 - t0}
         return UpdateStats(manifest.version, manifest.total_bytes, 0.0, t2 - t0, phases)
