@@ -41,7 +41,8 @@ def replace_params(state: nnx.State, new: Mapping[str, jax.Array]) -> nnx.State:
             value, old = new[name], var.get_value()
             if tuple(value.shape) != tuple(old.shape):
                 raise ValueError(f"param {name}: expected shape {old.shape}, got {value.shape}")
-            var, _ = var.replace(value), seen.add(name)
+            var = var.replace(value)
+            seen.add(name)
         flat.append((path, var))
     if missing := sorted(set(new) - seen):
         raise KeyError(f"no param {missing[0]} in the model ({len(missing)} unknown names)")

@@ -289,6 +289,7 @@ class JaxBackend(RolloutBackend):
             from models.params import replace_params
 
             a = manifest.adapter
+            assert self._served is not None  # set at start for an adapter engine
             adapted = {mod.kernel for mod in adapter_modules(cfg, a.targets)}
             merged = await asyncio.to_thread(
                 merge_peft, self._base, cfg, host, a.targets, a.scaling
