@@ -44,7 +44,16 @@ measured step.
 
 Usage: python benchmarks/rollout_throughput.py [--model smollm2|tiny|HF_DIR]
     [--engines jax,vllm,bare,bridge] [--vllm-dtypes bfloat16,float32] [--prompts 64] [--samples 4]
-    [--max-tokens 128] [--slots 128] [--dtype float32]
+    [--max-tokens 128] [--slots 128] [--dtype float32] [--workload random|eval|both]
+
+``--workload eval``: the first ``--prompts`` GSM8K problems as the eval job encodes them (chat
+template; the file from `trainer.eval.benchmarks.benchmark_file`, so JAXRL_DATA_DIR must name
+the folder holding it: nothing is downloaded), one greedy sample each, EOS on, at most
+``--max-tokens`` new tokens, on the jax and vllm engines; its keys carry the suffix ``_eval``
+(``jax_over_vllm_bf16_eval``, ``jax_over_vllm_fp32_eval``, ``roofline_fraction_eval``).
+``--workload both`` runs random then eval in one process (the ratios of one run). The decode
+step of the roofline is timed with every slot busy and EOS ignored in both workloads, at the
+workload's context length.
 Prints one line per measurement, then one JSON object on the last line: tokens/s as
 ``jax_tokens_per_s``, ``vllm_bf16_tokens_per_s``, ``vllm_fp32_tokens_per_s``,
 ``bare_vllm_bf16_tokens_per_s``, ``bridge_vllm_bf16_tokens_per_s``, the ratios
@@ -81,6 +90,49 @@ from rollout_engine.jax.stops import StopConfig
 from rollout_engine.jax.types import Request
 
 
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """One workload of the run: `prompts` (token ids) with `samples` samples each, at
+    `temperature` (0: greedy), `max_new` new tokens at most, EOS ignored or not, in a context
+    of `max_len` tokens. `suffix` names its keys in the JSON line ("" or "_eval")."""
+
+    name: str
+    prompts: list[tuple[int, ...]]
+    samples: int
+    temperature: float
+    ignore_eos: bool
+    max_new: int
+    max_len: int
+    suffix: str
+
+
+def random_workload(vocab: int, args) -> Workload:
+    """``--prompts`` random prompts (`make_prompts`), ``--samples`` each at temperature 1,
+    EOS ignored, exactly ``--max-tokens`` new tokens."""
+    prompts = make_prompts(args.prompts, vocab)
+    return Workload("random", prompts, args.samples, 1.0, True, args.max_tokens,
+                    64 + args.max_tokens, "")  # fmt: skip
+
+
+def eval_workload(path: Path, args) -> Workload:
+    """The first ``--prompts`` GSM8K problems as the eval job encodes them (the chat template,
+    `eval_throughput.load_problems`: the file from `trainer.eval.benchmarks.benchmark_file`,
+    under JAXRL_DATA_DIR), one greedy sample each, EOS on, at most ``--max-tokens`` new tokens.
+
+    Raises:
+      FileNotFoundError: the GSM8K file is not on disk (its message says where to put it).
+    """
+    from eval_throughput import load_problems
+    from transformers import AutoTokenizer
+
+    from trainer.launch.data import make_encoder
+
+    encode = make_encoder(AutoTokenizer.from_pretrained(str(path)), None)
+    prompts = [tuple(encode(p)) for p in load_problems(["gsm8k"], [args.prompts])["gsm8k"]]
+    max_len = max(map(len, prompts)) + args.max_tokens
+    return Workload("eval", prompts, 1, 0.0, False, args.max_tokens, max_len, "_eval")
+
+
 def make_prompts(n: int, vocab: int, seed: int = 0) -> list[tuple[int, ...]]:
     """``n`` random prompts of 16 to 64 tokens (ids 1 to vocab-1), seeded."""
     rng = np.random.default_rng(seed)
@@ -109,16 +161,19 @@ def memory_bandwidth(nbytes: int = 1 << 28, repeats: int = 5) -> float:
     return best
 
 
-def run_jax(path: Path, prompts, args) -> dict[str, float]:
-    """Tokens/s of the JAX engine (after a warm-up pass) and its decode step time."""
+def run_jax(path: Path, w: Workload, args) -> dict[str, float]:
+    """Tokens/s of the JAX engine on workload `w` (after a warm-up pass of the same
+    workload) and its decode step time (every slot busy, EOS ignored)."""
     cfg, model = load_hf_checkpoint(path, dtype=args.dtype)
     params = nnx.split(model)[1]
-    max_len = 64 + args.max_tokens
+    prompts, max_len = w.prompts, w.max_len
     bcfg = BatcherConfig(num_slots=args.slots, max_len=max_len, prefill_batch=8, steps_per_call=64)
-    stops = StopConfig(eos_ids=(cfg.vocab_size,), pad_id=0)  # never sampled: EOS ignored
-    ecfg = EngineConfig(bcfg, SamplingConfig(temperature=1.0), stops)
+    never = StopConfig(eos_ids=(cfg.vocab_size,), pad_id=0)  # never sampled: EOS ignored
+    eos = tuple(cfg.eos_token_ids)
+    stops = never if w.ignore_eos else StopConfig(eos_ids=eos, pad_id=eos[0])
+    ecfg = EngineConfig(bcfg, SamplingConfig(temperature=w.temperature), stops)
     reqs = [
-        Request(i, p, num_samples=args.samples, max_new_tokens=args.max_tokens)
+        Request(i, p, num_samples=w.samples, max_new_tokens=w.max_new)
         for i, p in enumerate(prompts)
     ]
     with JaxEngine(cfg, params, ecfg) as engine:
@@ -129,10 +184,11 @@ def run_jax(path: Path, prompts, args) -> dict[str, float]:
         results = engine.generate(reqs)
         wall = time.perf_counter() - t
     tokens = sum(len(r.tokens) for r in results)
-    print(f"jax: {tokens} tokens in {wall:.2f} s = {tokens / wall:.1f} tokens/s")
+    print(f"jax {w.name}: {tokens} tokens in {wall:.2f} s = {tokens / wall:.1f} tokens/s")
 
     graphdef = nnx.split(model)[0]
-    step_s, kv_bytes = decode_step(cfg, graphdef, params, ecfg, prompts, args.max_tokens)
+    timing = dataclasses.replace(ecfg, stops=never)
+    step_s, kv_bytes = decode_step(cfg, graphdef, params, timing, prompts, w.max_new)
     param_bytes = sum(int(x.nbytes) for x in jax.tree.leaves(params))
     print(f"jax decode step {step_s * 1e3:.2f} ms")
     b_, s_ = args.slots, max_len
@@ -206,18 +262,22 @@ def wait_children_gone(timeout: float = 60.0) -> None:
         print(f"warning: vLLM processes still running after shutdown: {kids}")
 
 
-def run_vllm(path: Path, prompts, args, dtype: VllmDtype) -> float:
-    """Tokens/s of the project's vLLM backend in `dtype` (after a short warm-up pass)."""
+def run_vllm(path: Path, w: Workload, dtype: VllmDtype) -> float:
+    """Tokens/s of the project's vLLM backend in `dtype` on workload `w` (after a short
+    warm-up pass)."""
+    prompts = w.prompts
     from gateway import messages as m
     from rollout_engine.vllm.backend import VllmBackend, VllmBackendConfig
 
     def prompt(sid: str, tokens, max_new: int) -> m.Prompt:
-        sampling = m.SamplingParams(max_new_tokens=max_new, temperature=1.0, ignore_eos=True)
-        return m.Prompt(sid, np.asarray(tokens, np.int32), args.samples, sampling)
+        sampling = m.SamplingParams(
+            max_new_tokens=max_new, temperature=w.temperature, ignore_eos=w.ignore_eos
+        )
+        return m.Prompt(sid, np.asarray(tokens, np.int32), w.samples, sampling)
 
     async def go() -> float:
         backend = VllmBackend(
-            VllmBackendConfig(model=str(path), dtype=dtype, max_model_len=64 + args.max_tokens)
+            VllmBackendConfig(model=str(path), dtype=dtype, max_model_len=w.max_len)
         )
         try:
             await backend.start()
@@ -229,16 +289,15 @@ def run_vllm(path: Path, prompts, args, dtype: VllmDtype) -> float:
             )
             t = time.perf_counter()
             groups = await asyncio.gather(
-                *(
-                    backend.generate(prompt(f"p{i}", p, args.max_tokens))
-                    for i, p in enumerate(prompts)
-                )
+                *(backend.generate(prompt(f"p{i}", p, w.max_new)) for i, p in enumerate(prompts))
             )
             wall = time.perf_counter() - t
         finally:
             await backend.shutdown()
         tokens = sum(len(s.token_ids) for g in groups for s in g)
-        print(f"vllm {dtype}: {tokens} tokens in {wall:.2f} s = {tokens / wall:.1f} tokens/s")
+        print(
+            f"vllm {dtype} {w.name}: {tokens} tokens in {wall:.2f} s = {tokens / wall:.1f} tokens/s"
+        )
         return tokens / wall
 
     tps = asyncio.run(go())
@@ -332,6 +391,13 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--slots", type=int, default=128)
     parser.add_argument("--dtype", default="float32", help="the JAX engine's dtype")
+    parser.add_argument(
+        "--workload",
+        default="random",
+        choices=("random", "eval", "both"),
+        help="random: random prompts, EOS ignored; eval: GSM8K prompts, greedy, EOS on "
+        "(keys suffixed _eval; bare and bridge run on random only); both: one after the other",
+    )
     args = parser.parse_args()
     if args.max_tokens < 24:
         parser.error("--max-tokens must be >= 24 (the step timing runs 16 decode steps)")
@@ -345,51 +411,60 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = model_path(args.model, Path(tmp))
         vocab = json.loads((path / "config.json").read_text())["vocab_size"]
+        workloads = []
+        if args.workload in ("random", "both"):
+            workloads.append(random_workload(vocab, args))
+        if args.workload in ("eval", "both"):
+            workloads.append(eval_workload(path, args))
         prompts = make_prompts(args.prompts, vocab)
         out: dict[str, object] = {
             "model": args.model,
             "jax_dtype": args.dtype,
+            "workload": args.workload,
             "prompts": args.prompts,
             "samples": args.samples,
             "max_tokens": args.max_tokens,
             "slots": args.slots,
         }
-        if "jax" in engines:
-            figures = run_jax(path, prompts, args)
-            bandwidth = memory_bandwidth()
-            memory_s = (figures["param_bytes"] + figures["kv_bytes"]) / bandwidth
-            compute_s = figures["step_flops"] / figures["matmul_flops_per_s"]
-            roofline = max(memory_s, compute_s)
-            print(
-                f"bandwidth {bandwidth / 1e9:.1f} GB/s -> {memory_s * 1e3:.2f} ms; matmul "
-                f"{figures['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s -> {compute_s * 1e3:.2f} ms"
-            )
-            out.update(figures)
-            out["bandwidth_GBps"] = bandwidth / 1e9
-            out["memory_roofline_step_s"] = memory_s
-            out["compute_roofline_step_s"] = compute_s
-            out["roofline_step_s"] = roofline
-            out["roofline_fraction"] = roofline / figures["decode_step_s"]
-        if engines & {"vllm", "bare", "bridge"}:
-            os.environ.update(CPU_ENV)
-            out["vllm_env"] = dict(CPU_ENV)
-        tps: dict[str, float] = {}
-        if "vllm" in engines:
-            for dtype in vllm_dtypes:
-                tps[f"vllm_{SHORT[dtype]}"] = run_vllm(path, prompts, args, dtype)
-        if "bare" in engines:
-            tps["bare_vllm_bf16"] = run_bare_vllm(path, prompts, args)
-        if "bridge" in engines:
-            tps["bridge_vllm_bf16"] = run_bridge(path, prompts, args)
-        out.update({f"{k}_tokens_per_s": v for k, v in tps.items()})
-        jax_tps = out.get("jax_tokens_per_s")
-        for key in ("vllm_bf16", "vllm_fp32", "vllm_fp16"):
-            if jax_tps is not None and key in tps:
-                out[f"jax_over_{key}"] = float(jax_tps) / tps[key]  # type: ignore[arg-type]
-        if "vllm_bf16" in tps and "bare_vllm_bf16" in tps:
-            out["backend_over_bare_vllm_bf16"] = tps["vllm_bf16"] / tps["bare_vllm_bf16"]
-        if "bridge_vllm_bf16" in tps and "bare_vllm_bf16" in tps:
-            out["bridge_over_bare_vllm"] = tps["bridge_vllm_bf16"] / tps["bare_vllm_bf16"]
+        bandwidth = memory_bandwidth() if "jax" in engines else 0.0
+        for w in workloads:
+            x = w.suffix
+            if "jax" in engines:
+                figures = run_jax(path, w, args)
+                memory_s = (figures["param_bytes"] + figures["kv_bytes"]) / bandwidth
+                compute_s = figures["step_flops"] / figures["matmul_flops_per_s"]
+                roofline = max(memory_s, compute_s)
+                print(
+                    f"{w.name}: bandwidth {bandwidth / 1e9:.1f} GB/s -> {memory_s * 1e3:.2f} ms; "
+                    f"matmul {figures['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s -> "
+                    f"{compute_s * 1e3:.2f} ms"
+                )
+                out.update({k + x: v for k, v in figures.items()})
+                out["bandwidth_GBps"] = bandwidth / 1e9
+                out["memory_roofline_step_s" + x] = memory_s
+                out["compute_roofline_step_s" + x] = compute_s
+                out["roofline_step_s" + x] = roofline
+                out["roofline_fraction" + x] = roofline / figures["decode_step_s"]
+            if engines & {"vllm", "bare", "bridge"}:
+                os.environ.update(CPU_ENV)
+                out["vllm_env"] = dict(CPU_ENV)
+            tps: dict[str, float] = {}
+            if "vllm" in engines:
+                for dtype in vllm_dtypes:
+                    tps[f"vllm_{SHORT[dtype]}"] = run_vllm(path, w, dtype)
+            if w.name == "random" and "bare" in engines:
+                tps["bare_vllm_bf16"] = run_bare_vllm(path, prompts, args)
+            if w.name == "random" and "bridge" in engines:
+                tps["bridge_vllm_bf16"] = run_bridge(path, prompts, args)
+            out.update({f"{k}_tokens_per_s{x}": v for k, v in tps.items()})
+            jax_tps = out.get("jax_tokens_per_s" + x)
+            for key in ("vllm_bf16", "vllm_fp32", "vllm_fp16"):
+                if jax_tps is not None and key in tps:
+                    out[f"jax_over_{key}{x}"] = float(jax_tps) / tps[key]  # type: ignore[arg-type]
+            if "vllm_bf16" in tps and "bare_vllm_bf16" in tps:
+                out["backend_over_bare_vllm_bf16"] = tps["vllm_bf16"] / tps["bare_vllm_bf16"]
+            if "bridge_vllm_bf16" in tps and "bare_vllm_bf16" in tps:
+                out["bridge_over_bare_vllm"] = tps["bridge_vllm_bf16"] / tps["bare_vllm_bf16"]
     print(json.dumps(out))
 
 

@@ -214,9 +214,14 @@ class Decoder(nnx.Module):
         return self.lm_head.kernel[...]
 
     def logits(self, hidden: jax.Array) -> jax.Array:
-        """hidden [..., D] -> logits [..., V] float32 (LM head applied in fp32, then soft-cap)."""
-        w = self.lm_head_weight().astype(jnp.float32)
-        logits = jnp.einsum("...d,dv->...v", hidden.astype(jnp.float32), w)
+        """hidden [..., D] -> logits [..., V] float32 (LM head accumulated in fp32, then
+        soft-cap). A bf16 head is not converted to fp32 first (a copy of the whole [D, V]
+        table each call): bf16 operands with fp32 accumulation (`preferred_element_type`) give
+        the same products (a bf16 product is exact in fp32)."""
+        w = self.lm_head_weight()
+        dt = jnp.promote_types(hidden.dtype, w.dtype)
+        logits = jnp.einsum("...d,dv->...v", hidden.astype(dt), w.astype(dt),
+                            preferred_element_type=jnp.float32)  # fmt: skip
         cap = self.cfg.final_logit_softcap
         if cap is not None:
             logits = jnp.tanh(logits / cap) * cap

@@ -235,7 +235,10 @@ def decode_attention(
     `benchmarks/rollout_throughput.py`). The softmax runs where the scores lie instead of on
     them transposed to [B, K, G, 1, S], which is faster for the softmax alone; the whole decode
     step did not measurably move (not profiled further).
-    The products are taken in the engine's dtype and summed in float32, as before.
+    The products and sums are taken in float32 from the engine-dtype q and cache (exact for
+    bf16: a product of two bf16 values is exact in float32); a bf16 elementwise product on
+    this CPU backend is a float32 product rounded back to bf16, one more pass
+    (`benchmarks/decode_pieces.py`).
 
     Args:
         q: [B, 1, K, G, H]. keys / values: [B, S, K, H], both in the engine dtype.
@@ -244,10 +247,11 @@ def decode_attention(
     Returns:
         [B, 1, K, G, H] in `values`' dtype (the prefill einsum's "btkgh" layout).
     """
-    prod = q[:, 0, None, :, :, :] * keys[:, :, :, None, :]  # [B, S, K, G, H]
-    scores = jnp.sum(prod.astype(jnp.float32), axis=-1)  # [B, S, K, G]
+    f32 = jnp.float32  # converts fused into the multiply-reduce: the cache is read as stored
+    prod = q[:, 0, None, :, :, :].astype(f32) * keys[:, :, :, None, :].astype(f32)
+    scores = jnp.sum(prod, axis=-1)  # [B, S, K, G]
     probs = attention_probs(scores, mask[:, :, None, None], cfg, axis=1)
-    out = jnp.sum(probs[..., None].astype(jnp.float32) * values[:, :, :, None, :], axis=1)
+    out = jnp.sum(probs[..., None].astype(f32) * values[:, :, :, None, :].astype(f32), axis=1)
     return out.astype(values.dtype)[:, None]  # [B, 1, K, G, H]
 
 
