@@ -15,8 +15,8 @@ Figures per link rate class (``unlimited``, ``100``, ``20`` Mbit/s), from the jo
 full bf16 payload, seconds from request to ack), the gateway's events (``published`` and
 ``loaded``: each engine's lag, the trainer's newest published version minus the engine's
 loaded one at every publication, and the versions it never loaded) and ``metrics.jsonl``
-(``idle_fraction``: the trainer's share of a step spent waiting for rollouts, median over
-steps 2..N). Last line one JSON object.
+(``idle_fraction``: the trainer's share of a step spent waiting for rollouts, and
+``total_time_s``: a step's seconds, medians over steps 2..N). Last line one JSON object.
 
 Needs root, iproute2, nft and tc. Run: ``flock /tmp/jaxrl-helpers.lock .venv/bin/python
 benchmarks/far_engines.py --generate [--model tiny|small|smollm2] [--steps 20]``.
@@ -141,9 +141,10 @@ def pushes(summary: dict) -> dict[str, dict]:
     return out
 
 
-def idle(metrics: list[dict]) -> float:
-    """Median ``idle_fraction`` over steps 2..N (step 1 waits for the engines' start)."""
-    xs = [r["idle_fraction"] for r in metrics if r["step"] >= 2] or [1.0]
+def idle(metrics: list[dict], key: str = "idle_fraction") -> float:
+    """Median of `key` (``idle_fraction``, or ``total_time_s``: a step's seconds) over steps
+    2..N (step 1 waits for the engines' start)."""
+    xs = [r[key] for r in metrics if r["step"] >= 2] or [float("nan")]
     return float(statistics.median(xs))
 
 
@@ -163,10 +164,12 @@ def main(args: argparse.Namespace) -> None:
     for rate, fig in links.items():
         print(f"link {rate}: {json.dumps(fig)}", flush=True)
     idles = {k: idle(v["metrics"]) for k, v in runs.items()}
+    step_s = {k: idle(v["metrics"], "total_time_s") for k, v in runs.items()}
     print(json.dumps({
         "benchmark": "far_engines_generate", "model": MODELS[args.model], "steps": args.steps,
         "engine_backend": "jax", "max_lag": args.max_lag, "links": links,
         "idle_fraction": idles,
         "far_idle_over_near_only": idles["far"] / max(idles["near_only"], 1e-9),
+        "step_s": step_s, "far_over_near_only_step_s": step_s["far"] / step_s["near_only"],
         **host_cpu(),
     }))  # fmt: skip

@@ -67,3 +67,4 @@ def test_idle_skips_the_first_step():
     rows = [{"step": 1, "idle_fraction": 0.9}, {"step": 2, "idle_fraction": 0.1},
             {"step": 3, "idle_fraction": 0.3}]  # fmt: skip
     assert fej.idle(rows) == 0.2
+    assert fej.idle([{**r, "total_time_s": r["step"]} for r in rows], "total_time_s") == 2.5
