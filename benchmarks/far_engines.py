@@ -349,7 +349,19 @@ def main() -> None:
     p.add_argument("--name", help="engine: its name")
     p.add_argument("--connect", help="engine: the sender's HOST:PORT")
     p.add_argument("--last", type=int, default=0, help="engine: stop once it holds this")
+    p.add_argument(
+        "--generate",
+        action="store_true",
+        help="the real main job with generating JAX engines (benchmarks/far_engines_job.py) "
+        "instead of receivers that only rebuild and load",
+    )
+    p.add_argument("--max-lag", type=int, default=1, help="--generate: rollout.max_lag")
     args = p.parse_args()
+    if args.generate:
+        from far_engines_job import main as generate
+
+        generate(args)
+        return
     {"top": top, "trainer": trainer, "engine": engine}[args.role](args)
 
 

@@ -2,7 +2,9 @@
 `benchmarks/far_engines.py` at its smallest size: a tiny Llama trained 3 steps on host
 ``trainer`` of a cluster in a box, two far engines (processes on hosts behind 100 and 20
 Mbit/s, ``tc tbf``) pulling each version over the delta stream, then the same on unlimited
-links and the trainer alone. Real namespaces, processes and sockets; run under the heavy lock.
+links and the trainer alone; and its ``--generate`` mode, the smoke main job with JAX engines
+that generate behind those links. Real namespaces, processes and sockets; run under the heavy
+lock.
 """
 
 from __future__ import annotations
@@ -58,3 +60,38 @@ def test_two_far_engines_at_two_rates_are_served_deltas_with_bounded_lag():
         assert sum(link["lag"].values()) == STEPS and 1 <= link["lag_max"] <= STEPS
     for run in ("far", "unlimited", "no_far"):
         assert 0 <= result["runs"][run]["idle_fraction"] < 1
+
+
+def test_the_main_job_with_generating_far_engines_serves_every_version_over_deltas():
+    """`far_engines.py --generate`: the smoke main job on the cluster in a box, JAX engines
+    behind unlimited, 100 and 20 Mbit/s links (delta stream), then the near engine alone:
+    every engine loads every version (one keyframe, then a delta per version, each smaller
+    than the keyframe, which is smaller than the bf16 payload), none is skipped at this size,
+    each engine is one version behind at each publication (the push is synchronous), and
+    every namespace of the run is gone afterwards."""
+    try:
+        check_support(("ip", "unshare", "tc", "nft", "ss"))
+    except ClusterBoxError as err:
+        pytest.fail(f"the cluster in a box cannot run here: {err}")
+    argv = [sys.executable, str(REPO / "benchmarks" / "far_engines.py"), "--generate",
+            "--model", "tiny", "--steps", str(STEPS), "--timeout-s", "300"]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+            remove_stale()
+    assert proc.returncode == 0, out[-4000:]
+    leftovers = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"{PREFIX}-p{proc.pid}-" not in leftovers
+    result = json.loads(out.strip().splitlines()[-1])
+    for rate in ("unlimited", "100", "20"):
+        link = result["links"][rate]
+        assert (link["keyframes"], link["deltas"]) == (1, STEPS - 1), link
+        assert link["full_bf16_bytes"] == 427264  # tiny:smollm2 in bf16
+        assert link["delta_bytes"] < link["keyframe_bytes"] < link["full_bf16_bytes"], link
+        assert link["versions_skipped"] == [] and link["lag"] == {"1": STEPS - 1}, link
+    assert result["step_s"]["far"] > 0 and result["step_s"]["near_only"] > 0
