@@ -90,17 +90,21 @@ def plot_comparison(runs: Sequence[dict[str, Any]], out: str | Path, title: str 
     for i, run in enumerate(runs):
         color = f"C{i}"
         ax.plot(run["steps"], run["reward"], lw=0.8, alpha=0.3, color=color)
-        ax.plot(run["steps"], run["moving"], lw=2, color=color,
-                label=f"{run['label']} (reward, {run['window']}-step mean)")  # fmt: skip
+        ax.plot(run["steps"], run["moving"], lw=2, color=color, label=run["label"])
         if run["held_out"]:
             steps, accuracy = zip(*run["held_out"], strict=True)
-            ax.plot(steps, accuracy, ls=":", marker="s", ms=6, color=color,
-                    label=f"{run['label']} held-out accuracy")  # fmt: skip
+            ax.plot(steps, accuracy, ls=":", marker="s", ms=6, color=color)
     ax.set_xlabel("step")
     ax.set_ylabel("mean reward / held-out accuracy")
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize="small")
-    ax.set_title(title or "reward per step (faint: each step; bold: moving average)")
+    window = max(run["window"] for run in runs)
+    ax.set_title(
+        title
+        or f"mean reward per step (faint), its {window}-step moving average (bold), "
+        "held-out accuracy (squares)",
+        fontsize="medium",
+    )
     fig.tight_layout()
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
