@@ -28,25 +28,7 @@ def test_two_far_engines_at_two_rates_are_served_deltas_with_bounded_lag():
     than the keyframes (a tenth of the bf16 bytes or less); no version is refused; each lag
     stays within the versions a run makes; the trainer never waits on a link (its hand-over is
     a small part of its step); every namespace of the run is gone afterwards."""
-    try:
-        check_support(("ip", "unshare", "tc"))
-    except ClusterBoxError as err:
-        pytest.fail(f"the cluster in a box cannot run here: {err}")
-    argv = [sys.executable, str(REPO / "benchmarks" / "far_engines.py"), "--model", "tiny",
-            "--steps", str(STEPS), "--timeout-s", "120"]  # fmt: skip
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)  # fmt: skip
-    try:
-        out, _ = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-            remove_stale()
-    assert proc.returncode == 0, out[-4000:]
-    leftovers = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert f"{PREFIX}-p{proc.pid}-" not in leftovers
-    result = json.loads(out.strip().splitlines()[-1])
+    result = _run_far_engines(("ip", "unshare", "tc"), ["--timeout-s", "120"], 600)
     full = result["full_bf16_bytes"]
     assert full == 1836288  # TINY in bf16: 918,144 params
     for rate in ("unlimited", "100", "20"):
@@ -69,16 +51,32 @@ def test_the_main_job_with_generating_far_engines_serves_every_version_over_delt
     than the keyframe, which is smaller than the bf16 payload), none is skipped at this size,
     each engine is one version behind at each publication (the push is synchronous), and
     every namespace of the run is gone afterwards."""
+    result = _run_far_engines(
+        ("ip", "unshare", "tc", "nft", "ss"), ["--generate", "--timeout-s", "300"], 900
+    )
+    for rate in ("unlimited", "100", "20"):
+        link = result["links"][rate]
+        assert (link["keyframes"], link["deltas"]) == (1, STEPS - 1), link
+        assert link["full_bf16_bytes"] == 427264  # tiny:smollm2 in bf16
+        assert link["delta_bytes"] < link["keyframe_bytes"] < link["full_bf16_bytes"], link
+        assert link["versions_skipped"] == [] and link["lag"] == {"1": STEPS - 1}, link
+    assert result["step_s"]["far"] > 0 and result["step_s"]["near_only"] > 0
+
+
+def _run_far_engines(tools: tuple[str, ...], args: list[str], timeout_s: float) -> dict:
+    """Run `benchmarks/far_engines.py --model tiny --steps STEPS ARGS` (the cluster in a box
+    needs `tools`: a host without them fails the test, never skips it); assert it exits 0 and
+    leaves none of its namespaces; return its last line's JSON object."""
     try:
-        check_support(("ip", "unshare", "tc", "nft", "ss"))
+        check_support(tools)
     except ClusterBoxError as err:
         pytest.fail(f"the cluster in a box cannot run here: {err}")
-    argv = [sys.executable, str(REPO / "benchmarks" / "far_engines.py"), "--generate",
-            "--model", "tiny", "--steps", str(STEPS), "--timeout-s", "300"]  # fmt: skip
+    argv = [sys.executable, str(REPO / "benchmarks" / "far_engines.py"), "--model", "tiny",
+            "--steps", str(STEPS), *args]  # fmt: skip
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)  # fmt: skip
     try:
-        out, _ = proc.communicate(timeout=900)
+        out, _ = proc.communicate(timeout=timeout_s)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -87,11 +85,4 @@ def test_the_main_job_with_generating_far_engines_serves_every_version_over_delt
     assert proc.returncode == 0, out[-4000:]
     leftovers = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"{PREFIX}-p{proc.pid}-" not in leftovers
-    result = json.loads(out.strip().splitlines()[-1])
-    for rate in ("unlimited", "100", "20"):
-        link = result["links"][rate]
-        assert (link["keyframes"], link["deltas"]) == (1, STEPS - 1), link
-        assert link["full_bf16_bytes"] == 427264  # tiny:smollm2 in bf16
-        assert link["delta_bytes"] < link["keyframe_bytes"] < link["full_bf16_bytes"], link
-        assert link["versions_skipped"] == [] and link["lag"] == {"1": STEPS - 1}, link
-    assert result["step_s"]["far"] > 0 and result["step_s"]["near_only"] > 0
+    return json.loads(out.strip().splitlines()[-1])
