@@ -99,9 +99,11 @@ class JaxOptions(BaseModel):
     devices_per_replica: int = Field(default=1, ge=1)
     tp: int = Field(default=1, ge=1)
     """Tensor-parallel degree inside a replica: must divide devices_per_replica (the rest of
-    its devices split the slots) and the model's query and KV heads, MLP width and vocab;
-    params are placed by the trainer's logical-axis rules and the KV cache split over its
-    heads (`rollout_engine.jax.tp`). 1 (default): params replicated on a replica's devices."""
+    its devices split the slots) and the model's query heads, MLP width and vocab, and its KV
+    heads K when K >= tp (K < tp: K must divide tp, and each KV head is held tp / K times, as
+    vLLM does); params are placed by the trainer's logical-axis rules and the KV cache split
+    over its heads (`rollout_engine.jax.tp`). 1 (default): params replicated on a replica's
+    devices."""
     temperature: float = Field(default=1.0, ge=0)
     top_k: int = Field(default=0, ge=0)
     top_p: float = Field(default=1.0, gt=0, le=1)

@@ -6,7 +6,8 @@ their own queue holds fewer samples than slots (work stealing, so a slow replica
 each request's G samples stay on one replica and share one prefill. A replica of several
 devices runs on a ("data", "tp") mesh (`rollout_engine.jax.tp`): its slots split over "data"
 (see ``insert.sharded_scatter_rows``), its params placed by the trainer's logical-axis rules
-(heads, KV heads, MLP width and vocab over "tp") and its KV cache split over the KV heads.
+(heads, KV heads, MLP width and vocab over "tp") and its KV cache split over the KV heads
+(each KV head repeated tp / K times when the model has K < tp of them, as vLLM does).
 
 Public API: ``JaxEngine(model_cfg, params, cfg)``, ``generate(requests) -> results``,
 ``submit`` / ``poll`` for streaming, ``update_weights(params, version)``, ``close()``.
@@ -22,7 +23,6 @@ from collections.abc import Hashable, Sequence
 
 import jax
 from flax import nnx
-from jax.sharding import NamedSharding
 
 from models.config import ModelConfig
 from models.decoder import Decoder
@@ -30,7 +30,7 @@ from rollout_engine.jax.batcher import BatcherConfig, ContinuousBatcher
 from rollout_engine.jax.sampling import SamplingConfig
 from rollout_engine.jax.stop_strings import Decode
 from rollout_engine.jax.stops import StopConfig
-from rollout_engine.jax.tp import param_shardings, place_params, replica_mesh
+from rollout_engine.jax.tp import ReplicaLayout, place_params, replica_layout, replica_mesh
 from rollout_engine.jax.types import Request, SampleResult
 
 
@@ -45,7 +45,8 @@ class EngineConfig:
         replicas: number of replicas (threads).
         devices_per_replica: devices of one replica; above 1 its slots shard over them.
         tp: tensor-parallel degree inside a replica (divides ``devices_per_replica``; the rest
-            is the slots' "data" axis); 1 (default): params replicated, as before.
+            is the slots' "data" axis); 1 (default): params replicated, as before. A model
+            with fewer KV heads than tp has each repeated tp / K times (`tp`).
         gather_s: seconds a replica with nothing in flight waits for each next request after
             the first of a burst before it starts decoding (0: it starts with what is already
             queued); requests that arrive later join only at its next decode call
@@ -80,8 +81,9 @@ class JaxEngine:
     Raises:
         ValueError: fewer devices than ``replicas · devices_per_replica``, a model with no
             EOS id while ``cfg.stops`` is None, or ``cfg.tp`` not dividing the replica's
-            devices, the model's query or KV heads, MLP width or vocab (checked before any
-            replica starts; `models.sharding.MeshError` for the heads).
+            devices, the model's query heads, MLP width or vocab, or its KV heads K when
+            K >= tp (K < tp: K must divide tp; checked before any replica starts,
+            `models.sharding.MeshError` for the heads: `tp.check_replica_tp`).
     """
 
     def __init__(
@@ -106,19 +108,22 @@ class JaxEngine:
                 raise ValueError("the model config has no eos_token_ids; pass EngineConfig.stops")
             stops = StopConfig(eos_ids=tuple(model_cfg.eos_token_ids))
         self.cfg, self.stops = cfg, stops
-        graphdef = decoder_graphdef(model_cfg)
         meshes = [replica_mesh(devices[i * d : (i + 1) * d], cfg.tp) for i in range(r)]
-        self._shardings: list[dict[tuple, NamedSharding] | jax.Device] = [
-            param_shardings(model_cfg, mesh) if d > 1 else devices[i * d]
+        self._layouts: list[ReplicaLayout | jax.Device] = [
+            replica_layout(model_cfg, mesh) if d > 1 else devices[i * d]
             for i, mesh in enumerate(meshes)
         ]
+        # the model as a replica runs it: with KV heads repeated up to tp when fewer (`tp`)
+        layout = self._layouts[0]
+        run_cfg = layout.model_cfg if isinstance(layout, ReplicaLayout) else model_cfg
+        graphdef = decoder_graphdef(run_cfg)
         self._batchers: list[ContinuousBatcher] = []
         for i, mesh in enumerate(meshes):
             self._batchers.append(
                 ContinuousBatcher(
-                    model_cfg,
+                    run_cfg,
                     graphdef,
-                    place_params(params, self._shardings[i]),
+                    place_params(params, self._layouts[i]),
                     cfg.batcher,
                     cfg.sampling,
                     stops,
@@ -241,13 +246,20 @@ class JaxEngine:
     def update_weights(self, params: nnx.State, version: int) -> None:
         """Hand new weights to every replica; each switches at its next safe point.
 
-        Each tensor is put straight into the replica's layout (`tp.place_params`: a host array
-        sends each device its own slice); arrays already on a replica's devices with its
-        sharding are referenced, not copied (``jax.device_put`` to the same sharding returns
-        the same buffers).
+        `params` are in the model's own layout (its K KV heads). Each tensor is put straight
+        into the replica's layout (`tp.place_params`: a host array sends each device its own
+        slice; k/v repeated first where the replica replicates KV heads); arrays already on
+        a replica's devices with its sharding are referenced, not copied (``jax.device_put``
+        to the same sharding returns the same buffers). Every replica's copy is placed before
+        any replica gets one, so a refused tensor leaves every replica on its old version.
+
+        Raises:
+            KeyError, ValueError: a param the replicas lack, or a k/v tensor with neither the
+                model's nor the replica's number of KV heads (`tp.place_params`, named).
         """
-        for batcher, shardings in zip(self._batchers, self._shardings, strict=True):
-            batcher.update_weights(place_params(params, shardings), version)
+        placed = [place_params(params, layout) for layout in self._layouts]  # all, or none
+        for batcher, replica_params in zip(self._batchers, placed, strict=True):
+            batcher.update_weights(replica_params, version)
 
     def close(self) -> None:
         """Stop the replica threads (in-flight samples are dropped)."""

@@ -1,8 +1,10 @@
 """A JAX engine replica with tensor parallelism (`rollout_engine.jax.tp`) on the 8 CPU devices:
 tp = 2 and tp = 2 x data = 2 give the one-device engine's greedy tokens (exact ids) and
 log-probs within 1e-5 (fp32) on the tiny llama and qwen3 families, with the params and the KV
-cache really split by the rules table, before and after a weight push; a model whose heads
-"tp" does not divide is refused before any replica starts."""
+cache really split by the rules table, before and after a weight push; so do a model with fewer
+KV heads than tp (2 KV heads at tp 4, and 1 KV head with biases at tp 2), its KV heads
+replicated; a model whose heads "tp" can neither split nor replicate is refused before any
+replica starts."""
 
 import asyncio
 import threading
@@ -76,7 +78,7 @@ def _assert_sharded(engine: JaxEngine, cfg: ModelConfig, tp: int) -> None:
     k = batcher.state.cache.k[0]
     data = batcher.mesh.shape["data"]
     assert {s.data.shape for s in k.addressable_shards} == {
-        (4 // data, 48, cfg.num_kv_heads // tp, cfg.head_dim)
+        (4 // data, 48, max(cfg.num_kv_heads, tp) // tp, cfg.head_dim)
     }
 
 
@@ -111,10 +113,105 @@ def test_tp_replica_equals_one_device_before_and_after_a_push(family: str) -> No
         _same(ref_after, after)
 
 
+def _assert_kv_replicated(engine: JaxEngine, cfg: ModelConfig, params, tp: int) -> None:
+    """Each tp rank holds the k kernel [D, 1, H] of KV head n // (N / K) for its query heads n
+    (the model's head, repeated), and its own KV cache of one head [B / data, S, 1, H]."""
+    batcher = engine.replicas[0]
+    k = batcher.params["layers"][0]["attn"]["k"]["kernel"].get_value()
+    src = np.asarray(params["layers"][0]["attn"]["k"]["kernel"].get_value())  # [D, K, H]
+    assert k.shape == (cfg.hidden_size, tp, cfg.head_dim)
+    assert k.sharding.spec == jax.sharding.PartitionSpec(None, "tp", None)
+    per_rank = cfg.num_heads // tp  # query heads on one tp rank
+    for shard in k.addressable_shards:
+        rank = shard.index[1].start  # this shard's KV head = its tp rank
+        head = rank * per_rank // (cfg.num_heads // cfg.num_kv_heads)
+        np.testing.assert_array_equal(np.asarray(shard.data), src[:, head : head + 1])
+    cache = batcher.state.cache.k[0]
+    data = batcher.mesh.shape["data"]
+    assert cache.shape[2] == tp
+    assert {s.data.shape for s in cache.addressable_shards} == {(4 // data, 48, 1, cfg.head_dim)}
+
+
+# (family, devices per replica, tp): KV heads K < tp, so each is held tp / K times
+REPLICATED = [("llama", 4, 4), ("llama_bias", 2, 2)]  # K = 2 at tp 4; K = 1 (biases) at tp 2
+
+
+@pytest.mark.parametrize(("family", "d", "tp"), REPLICATED)
+def test_kv_heads_replicated_equal_one_device_before_and_after_a_push(family, d, tp) -> None:
+    cfg, params = _model(family)
+    assert cfg.num_kv_heads < tp
+    _, pushed = _model(family, seed=1)
+    runs = []
+    for dd, tt in ((1, 1), (d, tp)):
+        with _engine(cfg, params, dd, tt) as engine:
+            before = engine.generate(_requests("a"))
+            if tt > 1:
+                _assert_kv_replicated(engine, cfg, params, tt)
+            # host arrays for llama, jax arrays on one device (repeated there) for llama_bias
+            new = jax.tree.map(np.asarray, pushed) if family == "llama" else pushed
+            engine.update_weights(new, version=1)
+            after = engine.generate(_requests("b"))
+            assert {v for r in after for v, _, _ in r.weight_versions} == {1}
+            if tt > 1:
+                _assert_kv_replicated(engine, cfg, pushed, tt)
+        runs.append((before, after))
+    (ref_before, ref_after), (got_before, got_after) = runs
+    assert [r.tokens.tolist() for r in ref_before] != [r.tokens.tolist() for r in ref_after]
+    _same(ref_before, got_before)
+    _same(ref_after, got_after)
+
+
+def test_kv_replicated_push_of_wrong_kv_heads_is_refused_and_keeps_serving() -> None:
+    """A pushed k kernel with neither the model's K nor the replica's tp KV heads is refused
+    by name; the version served before stays served."""
+    cfg, params = _model("llama_bias")  # K = 1
+    with _engine(cfg, params, 2, 2) as engine:
+        before = engine.generate(_requests("a"))
+        bad = jax.tree.map(np.asarray, params)
+        kernel = bad["layers"][1]["attn"]["v"]["kernel"]
+        kernel.set_value(np.zeros((cfg.hidden_size, 3, cfg.head_dim), np.float32))
+        with pytest.raises(ValueError, match=r"layers\.1\.attn\.v\.kernel .* has 3 KV heads"):
+            engine.update_weights(bad, version=1)
+        again = engine.generate(_requests("a"))
+        assert {v for r in again for v, _, _ in r.weight_versions} == {0}
+        _same(before, again)
+
+
+def _cfg(**kw) -> ModelConfig:
+    return ModelConfig.from_hf(dict(TINY_CONFIGS["llama"], vocab_size=64, eos_token_id=EOS, **kw))
+
+
+@pytest.mark.parametrize(
+    ("kw", "tp", "message"),
+    [
+        # K < tp with K not dividing tp: 6 query heads, 2 KV heads at tp 3
+        (dict(num_attention_heads=6, num_key_value_heads=2), 3, "jax tp=3 is not a multiple"),
+        # query heads tp does not divide (KV heads would replicate): 4 heads at tp 8
+        ({}, 8, "jax tp=8 does not divide the model's num_heads=4"),
+        # K >= tp with tp not dividing K: 12 heads, 6 KV heads at tp 4
+        (dict(num_attention_heads=12, num_key_value_heads=6), 4, "num_kv_heads=6"),
+    ],
+)
+def test_heads_that_neither_split_nor_replicate_are_refused(kw, tp, message) -> None:
+    from rollout_engine.jax.tp import check_replica_tp
+
+    with pytest.raises(MeshError, match=message):
+        check_replica_tp(_cfg(**kw), tp)
+
+
+def test_kv_replication_with_one_norm_over_the_key_projection_is_refused() -> None:
+    from rollout_engine.jax.tp import check_replica_tp
+
+    olmoe = ModelConfig.from_hf(dict(TINY_CONFIGS["olmoe"], vocab_size=64, eos_token_id=EOS))
+    assert (olmoe.qk_norm_full, olmoe.num_heads, olmoe.num_kv_heads) == (True, 2, 1)
+    with pytest.raises(MeshError, match="qk_norm_full"):
+        check_replica_tp(olmoe, 2)
+
+
 def test_heads_tp_does_not_divide_are_refused_before_start() -> None:
     cfg, params = _model("llama")  # 4 query heads, 2 KV heads
-    with pytest.raises(MeshError, match="jax tp=4 does not divide the model's num_kv_heads=2"):
-        _engine(cfg, params, 4, 4)
+    with pytest.raises(MeshError, match="jax tp=8 does not divide the model's num_heads=4"):
+        _engine(cfg, params, 8, 8)
     with pytest.raises(ValueError, match="jax tp=3 does not divide the replica's 4 devices"):
         _engine(cfg, params, 4, 3)
     odd = ModelConfig.from_hf(dict(TINY_CONFIGS["llama"], vocab_size=63, eos_token_id=EOS))
