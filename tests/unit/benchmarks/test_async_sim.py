@@ -3,25 +3,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-_PATH = Path(__file__).resolve().parents[3] / "benchmarks" / "async_sim.py"
+from tests.unit.benchmarks.loading import load_benchmark
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("async_sim", _PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["async_sim"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-sim = _load()
+sim = load_benchmark("async_sim")
 ONE = dict(engines=1, prompts_per_step=4, group_size=2, slots=4, token_s=0.125, sync_s=0.0,
            steps=5, warmup=1)  # fmt: skip
 

@@ -4,23 +4,9 @@ at every publication, the versions it never loaded, and the median push of each 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from tests.unit.benchmarks.loading import load_benchmark
 
-_PATH = Path(__file__).resolve().parents[3] / "benchmarks" / "far_engines_job.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("far_engines_job", _PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["far_engines_job"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-fej = _load()
+fej = load_benchmark("far_engines_job")
 
 
 def _loaded(engine: str, v: int) -> dict:

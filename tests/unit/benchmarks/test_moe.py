@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from flax import nnx
 
-BENCH = Path(__file__).resolve().parents[3] / "benchmarks"
+from tests.unit.benchmarks.loading import BENCHMARKS as BENCH
+from tests.unit.benchmarks.loading import load_benchmark
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -29,11 +29,7 @@ def test_unknown_dispatch_is_refused():
 
 @pytest.mark.slow
 def test_smallest_run_reports_exact_payloads():
-    sys.path.insert(0, str(BENCH))
-    try:
-        from moe import model_config
-    finally:
-        sys.path.remove(str(BENCH))
+    model_config = load_benchmark("moe").model_config
     from models.decoder import Decoder
     from models.params import flat_params
 

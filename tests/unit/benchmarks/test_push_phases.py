@@ -5,25 +5,16 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.unit.benchmarks.loading import load_benchmark
 from trainer.publish.publisher import PushStats
-
-_BENCH = Path(__file__).resolve().parents[3] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
 def push_phases():
-    sys.path.insert(0, str(_BENCH))
-    try:
-        import push_phases as module
-
-        yield module
-    finally:
-        sys.path.remove(str(_BENCH))
+    return load_benchmark("push_phases")
 
 
 ENGINE = {

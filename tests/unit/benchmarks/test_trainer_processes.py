@@ -4,26 +4,14 @@ logged no send of a pushed version is an error."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[3] / "benchmarks" / "trainer_processes.py"
+from tests.unit.benchmarks.loading import load_benchmark
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("trainer_processes", _PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["trainer_processes"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load()
+bench = load_benchmark("trainer_processes")
 
 
 def _write(path: Path, rows: list[dict]) -> None:
