@@ -49,6 +49,8 @@ def merge_peft(
     tensors: Mapping[str, np.ndarray],
     targets: Sequence[str],
     scaling: float,
+    *,
+    only_adapted: bool = False,
 ) -> dict[str, jax.Array]:
     """Base flat params with each adapted kernel merged: W + (alpha / r) reshape((B A)^T),
     computed in float32 and cast to the kernel's dtype (Hu et al. 2021, eq. 3; PEFT's
@@ -60,11 +62,14 @@ def merge_peft(
         tensors: PEFT names -> A [r, in], B [out, r] (`adapter_shapes`).
         targets: the adapted projections (PEFT names).
         scaling: alpha / r (PEFT's `scaling`).
+        only_adapted: return only the merged kernels (flat path -> kernel, each of its base
+            kernel's shape and dtype), for a caller that keeps every other param as it is
+            (the JAX engine's `models.params.replace_params`); False: every path of `base`.
 
     Raises:
         KeyError: a tensor `spec` needs that `tensors` lacks (named).
     """
-    out = dict(base)
+    out = {} if only_adapted else dict(base)
     s = jnp.float32(scaling)
     for mod in adapter_modules(cfg, targets):
         a = tensors[f"{mod.peft}.lora_A.weight"]  # [r, I]

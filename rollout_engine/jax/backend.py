@@ -285,18 +285,16 @@ class JaxBackend(RolloutBackend):
         on_device = isinstance(self._receiver, JaxTransferReceiver)  # no host round trip
         if manifest.adapter is not None:  # W_base + (alpha / r) B A; the base copy is kept
             from models.checkpoints.peft_io import merge_peft
-            from models.checkpoints.peft_layout import adapter_modules
             from models.params import replace_params
 
             a = manifest.adapter
             assert self._served is not None  # set at start for an adapter engine
-            adapted = {mod.kernel for mod in adapter_modules(cfg, a.targets)}
             merged = await asyncio.to_thread(
-                merge_peft, self._base, cfg, host, a.targets, a.scaling
+                merge_peft, self._base, cfg, host, a.targets, a.scaling, only_adapted=True
             )
             # only the adapted kernels are new: every other leaf of the served params is
             # shared (the engine keeps each array already in its replicas' layout)
-            params = replace_params(self._served, {k: merged[k] for k in adapted})
+            params = replace_params(self._served, merged)
         else:
             for rule, array in checkpoint_to_params(
                 family, cfg, host.__getitem__, set(host), contiguous=not on_device
