@@ -236,9 +236,11 @@ def _one_device(cfg, model, prompt: list[int]) -> tuple[list[int], np.ndarray]:
     return r.tokens.tolist(), r.logprobs
 
 
-def test_backend_push_lands_in_the_tp_layout(tmp_path) -> None:
+@pytest.mark.parametrize("tp", [2, 4])  # 4: the tiny llama's 2 KV heads replicated
+def test_backend_push_lands_in_the_tp_layout(tmp_path, tp: int) -> None:
     """A pushed version through the file data plane lands split by the rules (host arrays put
-    straight into the replica's layout) and serves the one-device engine's greedy output."""
+    straight into the replica's layout, KV heads repeated at tp 4) and serves the one-device
+    engine's greedy output."""
     path = make_tiny_checkpoint(tmp_path / "ckpt", "llama", vocab_size=128, with_tokenizer=False)
     cfg, model = load_hf_checkpoint(path)
     scaled = {k: v * 1.3 for k, v in export_tensors(model).items()}
@@ -246,7 +248,7 @@ def test_backend_push_lands_in_the_tp_layout(tmp_path) -> None:
     greedy = m.SamplingParams(max_new_tokens=12, temperature=0.0)
     bcfg = JaxBackendConfig(
         model=str(path), num_slots=4, max_model_len=64, prefill_batch=2, temperature=0.0,
-        devices_per_replica=4, tp=2,
+        devices_per_replica=4, tp=tp,
     )  # fmt: skip
 
     async def scenario():
@@ -264,7 +266,7 @@ def test_backend_push_lands_in_the_tp_layout(tmp_path) -> None:
             thread.join()
             after = await backend.generate(m.Prompt("b", np.asarray(prompt, np.int32), 1, greedy))
             assert backend.engine is not None
-            _assert_sharded_backend(backend.engine, cfg)
+            _assert_sharded_backend(backend.engine, cfg, tp)
             return before[0], after[0]
         finally:
             await backend.shutdown()
@@ -283,12 +285,17 @@ def test_backend_push_lands_in_the_tp_layout(tmp_path) -> None:
     assert after.version_spans[0][0] == 1
 
 
-def _assert_sharded_backend(engine: JaxEngine, cfg: ModelConfig) -> None:
+def _assert_sharded_backend(engine: JaxEngine, cfg: ModelConfig, tp: int) -> None:
     batcher = engine.replicas[0]
     while batcher.version != 1:  # the switch happens at the replica's next safe point
         engine.poll(0.05)
     down = batcher.params["layers"][0]["mlp"]["down"]["kernel"].get_value()  # [F, D], row-par.
     assert down.sharding.spec == jax.sharding.PartitionSpec("tp", None)
     assert {s.data.shape for s in down.addressable_shards} == {
-        (cfg.intermediate_size // 2, cfg.hidden_size)
+        (cfg.intermediate_size // tp, cfg.hidden_size)
+    }
+    v = batcher.params["layers"][1]["attn"]["v"]["kernel"].get_value()  # [D, max(K, tp), H]
+    assert v.shape == (cfg.hidden_size, max(cfg.num_kv_heads, tp), cfg.head_dim)
+    assert {s.data.shape for s in v.addressable_shards} == {
+        (cfg.hidden_size, max(cfg.num_kv_heads, tp) // tp, cfg.head_dim)
     }
