@@ -111,9 +111,11 @@ class ContinuousBatcher:
     """One replica's scheduler over its B slots. Not thread-safe: one thread drives it.
 
     Args:
-        model_cfg: the model. graphdef, params: ``nnx.split(decoder)``; params already placed
-            on the replica's devices (placed on ``mesh`` by `tp.param_shardings` in the
-            sharded mode).
+        model_cfg: the model as this replica runs it (in the sharded mode
+            `tp.ReplicaLayout.model_cfg`: KV heads repeated up to tp when the model has
+            fewer; the KV cache's shape follows it). graphdef, params: ``nnx.split(decoder)``
+            of that config; params already placed on the replica's devices (by
+            `tp.place_params` on ``mesh`` in the sharded mode).
         cfg: sizes. sampling: the default of requests that set no temperature / top-k / top-p
             of their own (each slot samples with its request's; `sampling.truncates` compiles
             the top-k / top-p filters in). stops: static settings.
