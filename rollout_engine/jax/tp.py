@@ -9,17 +9,18 @@ vocab over "tp" (Megatron-LM, Shoeybi et al. 2019, arXiv:1909.08053); the traine
 decode state's first axis B) are split over "data"; the KV cache ``[B, S, K, H]`` is split over
 "data" on B and over "tp" on the KV heads K, so a tp rank keeps only its own heads' cache.
 
-KV-head replication (as vLLM's `QKVParallelLinear` does): a model with fewer KV heads K than
-tp (tp % K == 0) runs as the same model with tp KV heads, each of its K heads repeated
-r = tp / K times in place (`np.repeat` on the K axis of the k/v kernels [D, K, H] and biases
-[K, H]: new head j is old head j // r). Query head n then reads new head n // (N / tp), whose
-source is n // (N / K), the head it reads in the model itself, so the outputs are exact; the
-replica's `model_cfg` (`ReplicaLayout.model_cfg`) says num_kv_heads = tp, and its KV cache
-``[B, S, tp, H]`` holds on each tp rank the cache of the one KV head that rank's query heads
-use. Every params version is repeated on its way in (`place_params`), so callers keep handing
-the model's own layout. Refused (`models.sharding.MeshError`, before any replica starts):
-tp not dividing num_heads; K >= tp with tp not dividing K; K < tp with K not dividing tp; K < tp
-on a model with one norm over the whole key projection [K·H] (`qk_norm_full`, OLMoE).
+KV-head replication (as vLLM's `QKVParallelLinear` does): a model with fewer KV heads K than tp
+(tp % K == 0) runs as the same model with tp KV heads, each of its K heads repeated r = tp / K
+times in place (`np.repeat` on the K axis of the k/v kernels [D, K, H] and biases [K, H]: new
+head j is old head j // r). Query head n then reads new head n // (N / tp), whose source is n //
+(N / K), the head it reads in the model itself, so the outputs are exact; the replica's
+`model_cfg` (`ReplicaLayout.model_cfg`) says num_kv_heads = tp, and its KV cache ``[B, S, tp,
+H]`` holds on each tp rank the cache of the one KV head that rank's query heads use. Rank t so
+holds head t // r, the layout of `mappings.shards`' "kv" kind (vLLM's ranks). Every params
+version is repeated on its way in (`place_params`), so callers keep handing the model's own
+layout. Refused (`models.sharding.MeshError`, before any replica starts): tp not dividing
+num_heads; K >= tp with tp not dividing K; K < tp with K not dividing tp; K < tp on a model with
+one norm over the whole key projection [K·H] (`qk_norm_full`, OLMoE).
 
 Decode and prefill are plain `jax.jit` calls whose shardings follow these inputs (Auto mesh
 axes: XLA's SPMD partitioner inserts the all-reduce after each row-parallel matmul).
