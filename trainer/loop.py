@@ -338,6 +338,7 @@ class AsyncTrainer:
                     "position": self.source.position_of(group.sample_id),
                     "version": self.version,
                     "version_start": group.version_start,
+                    "engine": group.engine_id,
                     "version_spans": [_spans(c) for c in group.completions],
                     "lag": lag,
                     "outcome": outcome,
