@@ -5,39 +5,16 @@ engine's load is held (the trainer never waits for it), the far engine then gets
 version bit for bit (skipping the ones it was too slow for) and serves it; a far engine that
 dies mid-stream costs the near pushes nothing."""
 
-import importlib.util
 import time
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from models.checkpoints.hf_io import load_hf_checkpoint
 from models.params import flat_params
+from tests.unit.trainer.test_publish import h  # the worker harness; fixtures: conftest.py
 from trainer.publish import WeightPublisher
 from transport.config import DeltaStreamTransportConfig, GlooTransportConfig, ShmTransportConfig
-
-_path = Path(__file__).parents[1] / "rollout_engine" / "worker_harness.py"
-_spec = importlib.util.spec_from_file_location("worker_harness", _path)
-h = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(h)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_checkpoint):
-    path = tiny_checkpoint("llama", seed=3)
-    cfg, decoder = load_hf_checkpoint(path, dtype="float32")
-    return path, cfg, decoder
-
-
-@pytest.fixture
-def gateway():
-    server, trainer, engine = h.start_gateway()
-    yield trainer, engine
-    trainer.close()
-    engine.close()
-    server.stop(0)
 
 
 def _until(cond, timeout_s: float = 20.0) -> None:  # noqa: ANN001
