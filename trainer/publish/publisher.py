@@ -209,6 +209,7 @@ class WeightPublisher:
             with several senders or over jax_transfer (whole-model paths only); far engines
             with a near data plane other than gloo, shm or file, with several senders, or
             with far_names and far_transport not given together.
+        OSError: the far engines' sender cannot listen at far_transport's host and port.
     """
 
     def __init__(
@@ -263,7 +264,6 @@ class WeightPublisher:
             client, is_collective(transport), min_engines,
             ready_timeout_s, loaded_timeout_s, settle_s, peer_grace_s, self.is_far,
         )  # fmt: skip
-        self._far_sender: DeltaStreamSender | None = None
         self._far_layout: Manifest | None = None
         self.pushes: list[PushStats] = []
         self.jax_dims = dict(jax_dims or {})
@@ -295,6 +295,10 @@ class WeightPublisher:
         self._by_blocks = isinstance(transport, JaxTransferTransportConfig)
         # the delta stream: one sender for the whole run, whichever engines come and go
         self._serves_any = isinstance(transport, DeltaStreamTransportConfig)
+        # the far engines' sender listens from the start: a port taken fails here, not mid-run
+        self._far_sender: DeltaStreamSender | None = (
+            make_sender(far_transport) if far_transport is not None else None  # type: ignore[assignment]
+        )
 
     def start_catch_up(self, interval_s: float = 0.5) -> None:
         """From now on keep a host copy of each pushed version (its engine tensors in the
@@ -606,13 +610,15 @@ class WeightPublisher:
         return self._sender, plan
 
     def _far_leg(self, version: int) -> FarLeg | None:
-        """The far engines' leg of `version`'s plan (their delta stream's sender made on the
-        first call); None without far engines."""
+        """The far engines' leg of `version`'s plan; None without far engines.
+
+        Raises:
+            PushError: the publisher was closed (its far sender with it)."""
         cfg = self.far_transport
         if cfg is None:
             return None
         if self._far_sender is None:
-            self._far_sender = make_sender(cfg)  # type: ignore[assignment]
+            raise PushError(version, "the publisher is closed (no far sender)")
         if self._far_layout is None:
             layout = Manifest.of(0, self._shapes, self.dtype, cfg.bucket_bytes)
             self._far_layout = dataclasses.replace(layout, adapter=self.adapter)

@@ -5,6 +5,7 @@ engine's load is held (the trainer never waits for it), the far engine then gets
 version bit for bit (skipping the ones it was too slow for) and serves it; a far engine that
 dies mid-stream costs the near pushes nothing."""
 
+import socket
 import time
 
 import pytest
@@ -114,3 +115,13 @@ def test_far_engines_need_a_near_plane_of_whole_versions_and_both_settings(model
         WeightPublisher(trainer, far, "llama", cfg, far_transport=far, far_names=("engine1",))
     shm = ShmTransportConfig(root="/dev/shm/x")
     WeightPublisher(trainer, shm, "llama", cfg, far_transport=far, far_names=("e1",)).close()
+
+
+def test_a_far_port_already_taken_fails_when_the_publisher_is_made(model, gateway):
+    _, cfg, _ = model
+    trainer, _ = gateway
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        far = DeltaStreamTransportConfig(port=taken.getsockname()[1])
+        with pytest.raises(OSError, match="in use"):
+            WeightPublisher(trainer, GlooTransportConfig(), "llama", cfg, far_transport=far,
+                            far_names=("engine1",))  # fmt: skip
