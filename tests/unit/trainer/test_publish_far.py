@@ -125,3 +125,36 @@ def test_a_far_port_already_taken_fails_when_the_publisher_is_made(model, gatewa
         with pytest.raises(OSError, match="in use"):
             WeightPublisher(trainer, GlooTransportConfig(), "llama", cfg, far_transport=far,
                             far_names=("engine1",))  # fmt: skip
+
+
+def test_a_far_engine_that_registers_between_pushes_pulls_the_current_version_itself(
+    model, gateway
+):
+    """A far engine that comes (or comes back) after the pushes pulls the current version from
+    the plan the gateway hands it (a keyframe: it holds nothing) and serves it; the catch-up
+    thread, which re-sends the current version to near engines behind it, leaves it alone."""
+    path, cfg, decoder = model
+    trainer, engine = gateway
+    near_backend, far_backend = h.FakeBackend(), h.FakeBackend()
+    near = h.WorkerThread(engine, near_backend, name="engine0")
+    near.wait_registered()
+    publisher = _publisher(trainer, cfg)
+    publisher.start_catch_up(interval_s=0.1)
+    params = flat_params(decoder)
+    for v in (1, 2):
+        publisher.push({k: x * v for k, x in params.items()}, version=v)
+    far = h.WorkerThread(engine, far_backend, name="engine1")
+    far.wait_registered()
+    _until(lambda: far_backend.weight_version == 2)
+    reference = load_file(str(path / "model.safetensors"))
+    assert all(torch.equal(far_backend.received[n], t * 2) for n, t in reference.items())
+    assert [(p["version"], p["base"]) for p in publisher.delta_pushes] == [(2, None)]
+    time.sleep(0.5)  # catch-up ticks: nothing behind among the near engines
+    assert [p.version for p in publisher.pushes] == [1, 2]
+    prompt = h.prompt("p", [4], g=1, min_version=2)
+    trainer.submit_prompts([prompt])
+    (group,) = trainer.fetch_rollouts(max_groups=1, timeout_s=10)
+    h.check_group(group, prompt, (2, 2))
+    trainer.shutdown()
+    assert near.join() == far.join() == "shutdown"
+    publisher.close()
