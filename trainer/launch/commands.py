@@ -48,8 +48,9 @@ def resolve_data_plane(job: JobConfig) -> str:
     configures (`run_settings`), each engine's `--transports` and the trainer's sender.
 
     Raises:
-        ValueError: nccl asked for without every engine being vLLM on GPUs, or jax_transfer
-            without every engine being a JAX engine.
+        ValueError: nccl asked for without every engine being vLLM on GPUs, jax_transfer
+            without every engine being a JAX engine, or auto where it would pick nccl beside
+            far engines (launch.far_engines).
     """
     dp = job.launch.data_plane
     gpu_vllm = resolve_accelerator(job) == "gpu" and set(job.backends) == {"vllm"}
