@@ -376,7 +376,8 @@ class EngineWorker:
         t0 = time.monotonic()
         try:  # a plan that names no group for this engine fails before "ready"
             plan = SyncPlan.from_params(d.params, v)
-            rank = plan.rank_of(self.engine_id)
+            # a mixed plan: a far engine (by its registered name) takes the delta stream
+            transport, manifest, rank = plan.leg(self.engine_id, self.spec.name)
         except SyncPlanError as e:
             return await self._failed_update(d, e)
         await self._call(self.client.ack_version, self.engine_id, v, "ready", seq=d.seq)
@@ -384,7 +385,6 @@ class EngineWorker:
             delay_s = float(os.environ.get(LOAD_DELAY_ENV) or 0.0)
             if delay_s > 0:  # a test's slow engine (tests/integration/test_background_push.py)
                 await asyncio.sleep(delay_s)
-            transport = plan.transport
             # the delta stream has one sender for the run: a new plan (group) keeps the stream
             # and the version this engine holds, the base of its next delta
             streamed = transport.get("kind") == "delta_stream"
@@ -399,7 +399,7 @@ class EngineWorker:
                 )
                 self._group = group
             stats = await asyncio.wait_for(
-                self.backend.update_weights(plan.manifest), self.cfg.update_timeout_s
+                self.backend.update_weights(manifest), self.cfg.update_timeout_s
             )
             if self.backend.weight_version != v:
                 raise RuntimeError(

@@ -14,8 +14,8 @@ One update, as in the seed write-up "Async RL in Pure JAX" (section "Train Loop"
 4. mark the update's groups consumed (their problem positions, `trainer.positions`), append a
    line to ``RUN_DIR/metrics.jsonl`` (with the loss-counted tokens by their own lag,
    `trainer.batch.tokens_per_lag`), one per consumed group to ``RUN_DIR/groups.jsonl`` (with
-   each completion's version spans: the per-token weight versions), and save a checkpoint
-   when due.
+   the engine that sampled it and each completion's version spans: the per-token weight
+   versions), and save a checkpoint when due.
 
 Stopping: `run` first drops the rows of both files written after the current step (by steps a
 stop lost, see `trainer.run_files`). When `stop_requested` answers a reason (a signal), the
@@ -338,6 +338,7 @@ class AsyncTrainer:
                     "position": self.source.position_of(group.sample_id),
                     "version": self.version,
                     "version_start": group.version_start,
+                    "engine": group.engine_id,
                     "version_spans": [_spans(c) for c in group.completions],
                     "lag": lag,
                     "outcome": outcome,

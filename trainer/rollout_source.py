@@ -87,7 +87,7 @@ def group_from_gateway(group: m.RolloutGroup) -> RolloutGroup:
     """
     if group.prompt is None:
         raise ValueError(f"group {group.sample_id!r} came without its prompt")
-    return RolloutGroup(group.sample_id, group.prompt.token_ids, group.completions)
+    return RolloutGroup(group.sample_id, group.prompt.token_ids, group.completions, group.engine_id)
 
 
 class RolloutSource:

@@ -23,6 +23,7 @@ class RolloutGroup:
       sample_id: the id the trainer gave the prompt when submitting it (links to its answer).
       prompt_ids: int32 [P] the prompt's token ids (P >= 1; a sequence becomes an array).
       completions: the G >= 1 completions (`Completion.validate` passed on each).
+      engine_id: the engine that generated them, as the gateway named it ("" when unknown).
 
     Raises:
       ValueError: for an empty prompt, an empty group, a completion `Completion.validate`
@@ -33,6 +34,7 @@ class RolloutGroup:
     sample_id: str
     prompt_ids: np.ndarray
     completions: Sequence[Completion]
+    engine_id: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_ids", np.asarray(self.prompt_ids, np.int32))

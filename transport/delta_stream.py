@@ -9,9 +9,10 @@ version it wants (or none: the newest); the sender answers with the newest versi
 held one (waiting for one if there is none yet), encoded for that engine alone:
 
 - a **delta** against the held version, when the sender still keeps that version (the newest
-  `keep` ones, and the one each connected engine holds) with the same layout (and, when
-  `full_every` is set, the engine has had fewer than `full_every` - 1 deltas since its last
-  keyframe: by default deltas follow each other without end, every rebuild checked by hash);
+  `keep` ones, the one each connected engine holds and the one on its way to it) with the same
+  layout (and, when `full_every` is set, the engine has had fewer than `full_every` - 1 deltas
+  since its last keyframe: by default deltas follow each other without end, every rebuild
+  checked by hash);
 - a **keyframe** (the whole version, compressed) otherwise: an engine that holds nothing, too
   old a version, or refused the last one (a corrupt frame, a hash mismatch).
 
@@ -37,7 +38,8 @@ reconnects on its next pull; nothing of a version is loaded unless every bucket 
 with the sender's SHA-256.
 
 Memory: the sender keeps the newest `keep` versions' packed bytes (the model in the wire dtype
-each), the version each connected engine holds (at most one more per engine) and the frames
+each), the version each connected engine holds and the one on its way to it (at most two more
+per engine) and the frames
 encoded from them; a receiver keeps the version it loaded, packed.
 """
 
@@ -119,10 +121,14 @@ class FarEngine:
         since_keyframe: deltas it loaded since its last keyframe.
         keyframe_next: its next version is a keyframe (it refused the last one).
         dropped: why its stream ended (None while it is served).
+        pulling: the version on its way to it (None: none); kept like `holds`, since it
+            becomes the base of its next delta once loaded (a pull stalled on a cut link
+            while newer versions arrive must not end in a keyframe).
     """
 
     name: str
     holds: int | None = None
+    pulling: int | None = None
     since_keyframe: int = 0
     keyframe_next: bool = False
     dropped: str | None = None
@@ -135,7 +141,7 @@ class DeltaStreamSender(WeightSender):
         host: the address to listen on ("0.0.0.0": every interface).
         port: the TCP port; 0 picks a free one (read `port`).
         keep: newest versions kept as delta bases (>= 1), besides the one each connected
-            engine holds.
+            engine holds and the one on its way to it.
         full_every: a keyframe to an engine after every `full_every` - 1 deltas (>= 1); 0:
             only when needed (the engine holds no kept version, or refused the last one).
         level: zstd compression level (1..22).
@@ -222,9 +228,9 @@ class DeltaStreamSender(WeightSender):
             if manifest.version <= newest:
                 raise ValueError(f"version: expected > {newest}, got {manifest.version}")
             self._kept[manifest.version] = kept
-            held = {e.holds for e in self.engines if e.dropped is None}
+            held = {v for e in self.engines if e.dropped is None for v in (e.holds, e.pulling)}
             for v in sorted(self._kept)[: -self.keep]:
-                if v not in held:  # a connected engine's base stays: it gets deltas
+                if v not in held:  # a connected engine's base (or next base) stays: deltas
                     del self._kept[v]
             self._frames = {k: f for k, f in self._frames.items() if k[1] in self._kept}
             self._cv.notify_all()
@@ -316,6 +322,7 @@ class DeltaStreamSender(WeightSender):
                 return True
             version = want if want is not None else max(self._kept)
             self._busy += 1
+            engine.pulling = version
             kept = self._kept[version]
             base = engine.holds
             delta = (
@@ -330,6 +337,7 @@ class DeltaStreamSender(WeightSender):
         finally:
             with self._cv:
                 self._busy -= 1
+                engine.pulling = None
                 self._cv.notify_all()
         return True
 

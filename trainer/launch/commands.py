@@ -48,11 +48,17 @@ def resolve_data_plane(job: JobConfig) -> str:
     configures (`run_settings`), each engine's `--transports` and the trainer's sender.
 
     Raises:
-        ValueError: nccl asked for without every engine being vLLM on GPUs, or jax_transfer
-            without every engine being a JAX engine.
+        ValueError: nccl asked for without every engine being vLLM on GPUs, jax_transfer
+            without every engine being a JAX engine, or auto where it would pick nccl beside
+            far engines (launch.far_engines).
     """
     dp = job.launch.data_plane
     gpu_vllm = resolve_accelerator(job) == "gpu" and set(job.backends) == {"vllm"}
+    if dp == "auto" and job.launch.far_engines and gpu_vllm:
+        raise ValueError(
+            "launch.far_engines on GPUs with vLLM engines: launch.data_plane=auto would pick "
+            "nccl, which cannot sit beside far engines; set launch.data_plane=gloo (or shm)"
+        )
     if dp == "auto":
         return "nccl" if gpu_vllm else "gloo"
     if dp == "nccl" and not gpu_vllm:
@@ -114,11 +120,7 @@ def data_plane_config(
             host=launch.data_plane_host, timeout_s=launch.data_plane_timeout_s
         )
     if resolve_data_plane(job) == "delta_stream":
-        return DeltaStreamTransportConfig(
-            host=launch.data_plane_host, port=launch.data_plane_port,
-            timeout_s=launch.data_plane_timeout_s, keep=launch.delta_keep,
-            full_every=launch.delta_full_every,
-        )  # fmt: skip
+        return _delta_stream(job, launch.data_plane_port)
     if resolve_data_plane(job) == "shm":
         root = launch.data_plane_root or f"/dev/shm/jaxrl-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         return ShmTransportConfig(root=root, timeout_s=launch.data_plane_timeout_s)
@@ -138,6 +140,28 @@ def data_plane_config(
     if resolve_data_plane(job) == "nccl":
         return NcclTransportConfig.model_validate({**where, "device": "cuda:0"})
     return GlooTransportConfig.model_validate(where)
+
+
+def far_engine_names(job: JobConfig) -> tuple[str, ...]:
+    """The registered names of the far engines (launch.far_engines: ``engine{i}``, as
+    `engine_argv` names engine i; `transport.sync_plan.is_far_name` also takes
+    ``engine{i}-HOST``)."""
+    return tuple(f"engine{i}" for i in job.launch.far_engines)
+
+
+def far_data_plane_config(job: JobConfig) -> DeltaStreamTransportConfig | None:
+    """The far engines' delta stream (launch.far_engines): the sender on
+    launch.data_plane_host:far_port, each version's wait (data_plane_timeout_s),
+    launch.delta_keep and delta_full_every; None without far engines."""
+    return _delta_stream(job, job.launch.far_port) if job.launch.far_engines else None
+
+
+def _delta_stream(job: JobConfig, port: int) -> DeltaStreamTransportConfig:
+    launch = job.launch
+    return DeltaStreamTransportConfig(
+        host=launch.data_plane_host, port=port, timeout_s=launch.data_plane_timeout_s,
+        keep=launch.delta_keep, full_every=launch.delta_full_every,
+    )  # fmt: skip
 
 
 def tp_bind(cores: str, tp_size: int) -> str:
@@ -253,6 +277,9 @@ def engine_argv(
     """
     launch, rollout = job.launch, job.run.rollout
     backend = job.backend_of(index)
+    transports = resolve_data_plane(job)  # the gateway's; a far engine also takes deltas
+    if index in launch.far_engines:
+        transports += ",delta_stream"
     pin: list[str] = []
     if launch.engine_cpus:
         taskset = shutil.which("taskset")
@@ -262,7 +289,7 @@ def engine_argv(
     argv = [
         *pin, sys.executable, "-m", "rollout_engine", "--backend", backend,
         "--gateway", address, "--token-file", str(token_file), "--model", str(model),
-        "--dtype", job.engine_dtype, "--transports", resolve_data_plane(job),
+        "--dtype", job.engine_dtype, "--transports", transports,
         "--name", f"engine{index}",
         "--log-level", "WARNING",
         "--max-concurrent-prompts", str(launch.max_concurrent_prompts),

@@ -237,6 +237,18 @@ class LaunchSection(_Section):
     delta_full_every: int = Field(default=0, ge=0)
     """With data_plane=delta_stream: a keyframe to an engine after every delta_full_every - 1
     deltas it loaded; 0: only when it holds no version the trainer keeps, or refused one."""
+    far_engines: tuple[int, ...] = ()
+    """Indices of the engines fed over the delta stream while the others keep data_plane
+    (gloo, shm or file): near and far engines in one job and one weight version sequence
+    (docs/clusters.md "Near and far engines"). An engine is far when it registered as
+    ``engine{i}`` or ``engine{i}-...`` for i listed here; the trainer never waits for a far
+    engine to load (it pulls each version, or a newer one, as a delta against its own),
+    and launch.min_engines counts near engines only. The far sender listens on
+    data_plane_host:far_port with delta_keep and delta_full_every. Empty: every engine takes
+    data_plane."""
+    far_port: int = Field(default=0, ge=0, le=65535)
+    """With far_engines: the TCP port of the far engines' delta stream (on data_plane_host);
+    0 picks a free one (sent to the engines in each sync plan)."""
     delta_keep: int = Field(default=2, ge=1)
     """With data_plane=delta_stream: newest versions the trainer keeps as delta bases (each
     the model's bytes in the wire dtype, in host memory), besides each engine's held one."""
@@ -409,6 +421,34 @@ class JobConfig(_Section):
             raise ValueError(
                 f"launch.data_plane_port={launch.data_plane_port} with data_plane_port_count="
                 f"{launch.data_plane_port_count} runs past port 65535"
+            )
+        far = launch.far_engines
+        if far and (len(set(far)) != len(far) or not all(0 <= i < launch.num_engines for i in far)):
+            raise ValueError(
+                f"launch.far_engines: expected distinct indices 0..{launch.num_engines - 1} "
+                f"(num_engines={launch.num_engines}), got {list(far)}"
+            )
+        if far and len(far) == launch.num_engines:
+            raise ValueError(
+                f"launch.far_engines={list(far)} lists every engine: a mixed plan needs a near "
+                "engine; for far engines only use launch.data_plane=delta_stream"
+            )
+        if far and launch.data_plane in ("nccl", "jax_transfer", "delta_stream"):
+            raise ValueError(
+                f"launch.far_engines with launch.data_plane={launch.data_plane}: near engines "
+                "beside far ones take gloo, shm or file (a whole version from one trainer "
+                "process; NCCL and jax_transfer keep it on devices)"
+            )
+        if far and launch.min_engines > launch.num_engines - len(far):
+            raise ValueError(
+                f"launch.min_engines={launch.min_engines} with launch.far_engines={list(far)}: "
+                f"a push commits on near engines only, and there are "
+                f"{launch.num_engines - len(far)}"
+            )
+        if far and launch.trainer_processes > 1:
+            raise ValueError(
+                f"launch.far_engines with launch.trainer_processes={launch.trainer_processes}: "
+                "far engines are fed from trainer process 0's whole version (one process)"
             )
         if launch.file_delta and launch.data_plane != "file":
             raise ValueError(

@@ -33,7 +33,7 @@ from trainer.checkpointing import Checkpointer, Progress
 from trainer.data import ProblemStream
 from trainer.data.problem import Problem
 from trainer.launch import interrupt
-from trainer.launch.commands import data_plane_config
+from trainer.launch.commands import data_plane_config, far_data_plane_config, far_engine_names
 from trainer.launch.data import JobData
 from trainer.launch.eval_every import EvalEvery, append_row, eval_row
 from trainer.launch.evaluate import EvalResult, drain_training_groups, evaluate
@@ -69,6 +69,16 @@ def _sampling(
         temperature=temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=new_tokens,
         return_routes=routes,
     )  # fmt: skip
+
+
+def _push_row(p: Any) -> dict[str, Any]:
+    """One push of the run's data plane for job_summary.json's ``pushes`` (a
+    `trainer.publish.PushStats`): the version, the engines that loaded it (the near ones of a
+    mixed plan), payload bytes, attempts, and its seconds in all."""
+    return {
+        "version": p.version, "engines": list(p.engines), "num_bytes": p.num_bytes,
+        "attempts": p.attempts, "seconds": round(p.seconds, 4),
+    }  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -160,6 +170,7 @@ def train_and_evaluate(
         announce=leader.announce if fan_in and leader is not None else None,
         adapter=AdapterSpec.of(cfg.lora.rank, cfg.lora.alpha, cfg.lora.targets)
         if cfg.sync.lora_only else None,
+        far_transport=far_data_plane_config(job), far_names=far_engine_names(job),
     )  # fmt: skip
     if launch.restart_engines:  # a restarted engine gets the current version between pushes
         publisher.start_catch_up()
@@ -268,6 +279,7 @@ def train_and_evaluate(
             supervisor.stop()
         reporter.close()
         delta_pushes = publisher.delta_pushes
+        pushes = [_push_row(p) for p in publisher.pushes]
         publisher.close()
         checkpointer.close()
     rewards = [row["reward_mean"] for row in read_metrics(run_dir) if "reward_mean" in row]
@@ -284,6 +296,7 @@ def train_and_evaluate(
         "engine_versions": engines,
         "engine_restarts": dict(supervisor.restarts) if supervisor else {},
         "delta_pushes": delta_pushes,
+        "pushes": pushes,
         "eval_before": dataclasses.asdict(before) if before else None,
         "eval_after": dataclasses.asdict(after) if after else None,
         "eval_every": every.summary() if every.every else None,

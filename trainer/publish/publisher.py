@@ -57,6 +57,17 @@ with the next push, or sooner from `start_catch_up`'s thread, which re-sends the
 from a host copy to engines behind it while no push runs (a run whose only engine died and
 came back has no next push until that engine serves).
 
+Near and far engines in one push (a mixed plan, `far_transport` and `far_names`): the engines
+registered under a far name (`transport.sync_plan.is_far_name`) are fed over the delta stream,
+every other engine over the run's data plane (gloo, shm or file), from one publication of the
+version whose plan carries both legs (`transport.sync_plan.FarLeg`). Right after the
+publication the version is handed to the delta stream's sender (it packs and keeps it, and
+returns: `transport.delta_stream`); the push then runs on the near engines alone as above
+(they are its members: the group, the waits, `min_engines`, the commit, re-plans and
+catch-up). A far engine is never waited for: it pulls the version (or a newer one, when it
+skipped) as a delta against the one it holds, loads it and acks "loaded" on its own time,
+leasing meanwhile on the version it holds (within `max_lag`, the prompts' `min_version`).
+
 Extra trainer memory is bounded by one bucket (which a collective sender keeps between
 pushes: packing into a reused buffer avoids its page faults, `transport.base.
 BufferPool`), plus, for a param on an accelerator or split over devices, that one tensor in
@@ -71,7 +82,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,11 +113,13 @@ from transport.delta_stream import DeltaStreamSender
 from transport.factory import make_sender
 from transport.jax_transfer import JaxTransferSender
 from transport.manifest import Manifest
-from transport.sync_plan import SyncPlan
+from transport.sync_plan import FarLeg, SyncPlan, is_far_name
 
 log = logging.getLogger("trainer.publish")
 
 WIRE_DTYPES = ("bfloat16", "float32", "float16")
+NEAR_KINDS = ("gloo", "shm", "file")
+"""The data planes near engines may take in a mixed plan (whole versions from process 0)."""
 
 
 @dataclass(frozen=True)
@@ -182,6 +195,9 @@ class WeightPublisher:
             NCCL, jax_transfer: `transport.config.serves_blocks`).
         announce: with `senders` > 1, called with each plan right after it is published,
             to have the other processes join the group as senders (`trainer.leader`).
+        far_transport: with `far_names`, the delta stream the far engines pull from (a mixed
+            plan, see "Near and far engines" above); None: every engine takes `transport`.
+        far_names: registered names of the far engines (`is_far_name`).
         adapter: push only the LoRA adapters (`sync.lora_only`): each version's manifest
             lists A [r, in] and B [out, r] of every adapted projection in PEFT naming and
             carries this spec (rank, alpha, targets); the model pushed must hold those
@@ -190,7 +206,10 @@ class WeightPublisher:
 
     Raises:
         ValueError: an unknown wire dtype, min_engines or max_attempts < 1; an adapter push
-            with several senders or over jax_transfer (whole-model paths only).
+            with several senders or over jax_transfer (whole-model paths only); far engines
+            with a near data plane other than gloo, shm or file, with several senders, or
+            with far_names and far_transport not given together.
+        OSError: the far engines' sender cannot listen at far_transport's host and port.
     """
 
     def __init__(
@@ -211,6 +230,8 @@ class WeightPublisher:
         senders: int = 1,
         announce: Callable[[SyncPlan], None] | None = None,
         adapter: AdapterSpec | None = None,
+        far_transport: DeltaStreamTransportConfig | None = None,
+        far_names: tuple[str, ...] = (),
     ) -> None:
         if dtype not in WIRE_DTYPES:
             raise ValueError(f"dtype: expected one of {WIRE_DTYPES}, got {dtype!r}")
@@ -219,6 +240,14 @@ class WeightPublisher:
                 f"senders={senders}: several trainer processes send over gloo, nccl or "
                 f"jax_transfer only, "
                 f"with an announce callback (got transport {transport.kind!r})"
+            )
+        if (far_transport is None) != (not far_names) or (
+            far_names and (senders > 1 or transport.kind not in NEAR_KINDS)
+        ):
+            raise ValueError(
+                f"far engines {list(far_names)} (delta stream {far_transport is not None}): "
+                f"expected far_names with far_transport, one sender and a near data plane of "
+                f"{NEAR_KINDS}; got senders={senders}, transport {transport.kind!r}"
             )
         if min_engines < 1 or max_attempts < 1:
             raise ValueError(
@@ -230,10 +259,13 @@ class WeightPublisher:
         self.family = get_family(family) if isinstance(family, str) else family
         self.cfg = cfg
         self.dtype = dtype
+        self.far_transport, self.far_names = far_transport, tuple(far_names)
         self.waits = EngineWaits(
             client, is_collective(transport), min_engines,
-            ready_timeout_s, loaded_timeout_s, settle_s, peer_grace_s,
+            ready_timeout_s, loaded_timeout_s, settle_s, peer_grace_s, self.is_far,
         )  # fmt: skip
+        self._far_layout: Manifest | None = None
+        self.pushes: list[PushStats] = []
         self.jax_dims = dict(jax_dims or {})
         self._sender: WeightSender | None = None
         self._members: tuple[tuple[str, int], ...] = ()
@@ -263,6 +295,10 @@ class WeightPublisher:
         self._by_blocks = isinstance(transport, JaxTransferTransportConfig)
         # the delta stream: one sender for the whole run, whichever engines come and go
         self._serves_any = isinstance(transport, DeltaStreamTransportConfig)
+        # the far engines' sender listens from the start: a port taken fails here, not mid-run
+        self._far_sender: DeltaStreamSender | None = (
+            make_sender(far_transport) if far_transport is not None else None  # type: ignore[assignment]
+        )
 
     def start_catch_up(self, interval_s: float = 0.5) -> None:
         """From now on keep a host copy of each pushed version (its engine tensors in the
@@ -311,7 +347,7 @@ class WeightPublisher:
                 sorted(
                     (e.engine_id, max(1, e.tp_size))
                     for e in status.engines
-                    if e.weight_version < version
+                    if e.weight_version < version and not self.is_far(e.name)
                 )
             )
             if not behind:
@@ -423,6 +459,7 @@ class WeightPublisher:
         if self._announce is not None:
             self._announce(plan)
         try:
+            self._hand_to_far(plan, tensors.items())
             ids = self.waits.wait(version, "ready", ids_of(members))
             t1 = time.perf_counter()
             # whole tensors in HF layout and manifest order; a sharded sender slices them
@@ -437,11 +474,13 @@ class WeightPublisher:
             self._drop_group()
             raise
         t3 = time.perf_counter()
-        return PushStats(
+        stats = PushStats(
             version, plan.manifest.total_bytes, len(self._shapes), send.num_buckets, ids,
             t1 - t0, t2 - t1, t3 - t2, t3 - t0, plan.manifest.tp_size,
             sent_bytes=send.num_bytes, send_phases=send.phases,
         )  # fmt: skip
+        self.pushes.append(stats)
+        return stats
 
     def _push(self, params: Mapping, version: int) -> PushStats:
         t0 = time.perf_counter()
@@ -454,6 +493,7 @@ class WeightPublisher:
             if self._announce is not None:
                 self._announce(plan)
             try:
+                self._hand_to_far(plan, self._engine_tensors(params))
                 ids = self.waits.wait(version, "ready", ids_of(members))
                 if len(ids) < len(members) and (self.waits.collective or not ids):
                     raise MembersLost(gone_from(members, ids), "before the send")
@@ -500,6 +540,7 @@ class WeightPublisher:
                 "pushed version %d: %.1f MB to %d engines in %.2f s (send %.2f GB/s)",
                 version, stats.num_bytes / 1e6, len(ids), stats.seconds, stats.send_gb_per_s,
             )  # fmt: skip
+            self.pushes.append(stats)
             return stats
         raise PushError(
             version, f"engines kept leaving: {lost} within {self.max_attempts} attempts"
@@ -507,20 +548,30 @@ class WeightPublisher:
 
     @property
     def delta_pushes(self) -> list[dict[str, Any]]:
-        """With the delta stream: every version its sender sent an engine, in order
+        """With the delta stream (the run's data plane, or the far engines' of a mixed
+        plan): every version its sender sent an engine, in order
         (`transport.delta_stream.FarPush` as a dict: engine, version, base (None: keyframe),
         wire_bytes, payload_bytes, seconds, encode_s, loaded, at); [] with any other
         transport or before the first push."""
-        if not isinstance(self._sender, DeltaStreamSender):
+        sender = self._far_sender or self._sender
+        if not isinstance(sender, DeltaStreamSender):
             return []
-        return [dataclasses.asdict(p) for p in list(self._sender.pushes)]
+        return [dataclasses.asdict(p) for p in list(sender.pushes)]
+
+    def is_far(self, name: str) -> bool:
+        """Whether the engine registered as `name` is a far engine (`far_names`)."""
+        return is_far_name(name, self.far_names)
 
     def close(self) -> None:
-        """Stop catching engines up; release the sender (and its group)."""
+        """Stop catching engines up; release the sender (and its group) and the far
+        engines' delta stream."""
         self._catch_up_stop.set()
         if self._catch_up_thread is not None:
             self._catch_up_thread.join(10.0)
         self._drop_group(final=True)
+        if self._far_sender is not None:
+            self._far_sender.close()
+            self._far_sender = None
 
     # ----- steps -----
     def _plan(
@@ -554,8 +605,32 @@ class WeightPublisher:
                 raise PushError(version, "no blocks of this version to send (push_blocks)")
             sources = self._blocks.sources_for(manifest)
             manifest = dataclasses.replace(manifest, senders=self.senders, sources=sources)
-        plan = SyncPlan(transport, manifest, ranks, offset, self._generation)
+        far = self._far_leg(version)
+        plan = SyncPlan(transport, manifest, ranks, offset, self._generation, far)
         return self._sender, plan
+
+    def _far_leg(self, version: int) -> FarLeg | None:
+        """The far engines' leg of `version`'s plan; None without far engines.
+
+        Raises:
+            PushError: the publisher was closed (its far sender with it)."""
+        cfg = self.far_transport
+        if cfg is None:
+            return None
+        if self._far_sender is None:
+            raise PushError(version, "the publisher is closed (no far sender)")
+        if self._far_layout is None:
+            layout = Manifest.of(0, self._shapes, self.dtype, cfg.bucket_bytes)
+            self._far_layout = dataclasses.replace(layout, adapter=self.adapter)
+        transport = {**cfg.model_dump(), "port": int(self._far_sender.port)}  # type: ignore[union-attr]
+        manifest = dataclasses.replace(self._far_layout, version=version)
+        return FarLeg(self.far_names, transport, manifest)
+
+    def _hand_to_far(self, plan: SyncPlan, tensors: Iterable[tuple[str, Any]]) -> None:
+        """Hand the version to the far engines' sender (it packs and keeps it and returns;
+        a version it keeps already is left as it is); a no-op without far engines."""
+        if plan.far is not None and self._far_sender is not None:
+            self._far_sender.send(plan.far.manifest, tensors)
 
     def _shard_tp(self, members: tuple[tuple[str, int], ...]) -> int:
         """The TP degree to shard for: the engines' one TP degree when the transport is a

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from gateway import messages as m
 from gateway.client import GatewayClient
@@ -49,6 +50,9 @@ class EngineWaits:
         settle_s: most seconds a re-plan waits for the survivors to end the broken attempt.
         peer_grace_s: most seconds a data-plane error waits for the gateway to drop the dead
             member (its connection broke), so the error can name it.
+        is_far: answers True for the registered name of a far engine (a mixed plan,
+            `transport.sync_plan.FarLeg`): far engines are no members of a push and are never
+            waited for; None: every engine is a member.
     """
 
     def __init__(
@@ -60,7 +64,9 @@ class EngineWaits:
         loaded_timeout_s: float,
         settle_s: float,
         peer_grace_s: float,
+        is_far: Callable[[str], bool] | None = None,
     ) -> None:
+        self.is_far = is_far or (lambda name: False)
         self.client = client
         self.collective = collective
         self.min_engines = min_engines
@@ -82,14 +88,21 @@ class EngineWaits:
     def live_engines(
         self, version: int, lost: list[str] | None = None
     ) -> tuple[tuple[str, int], ...]:
-        """The engines registered now, as (id, TP size); waits up to `ready_timeout_s` for
-        `min_engines` of them (a restarted engine registering again). `lost`: the engines
-        that left during this push (named in the error)."""
+        """The near engines registered now (every engine but the far ones, `is_far`), as
+        (id, TP size); waits up to `ready_timeout_s` for `min_engines` of them (a restarted
+        engine registering again). `lost`: the engines that left during this push (named in
+        the error)."""
         deadline = time.monotonic() + self.ready_timeout_s
         while True:
             self.check_cancelled(version)
             status = self.client.status()
-            members = tuple(sorted((e.engine_id, max(1, e.tp_size)) for e in status.engines))
+            members = tuple(
+                sorted(
+                    (e.engine_id, max(1, e.tp_size))
+                    for e in status.engines
+                    if not self.is_far(e.name)
+                )
+            )
             if len(members) >= self.min_engines:
                 return members
             if time.monotonic() > deadline:

@@ -158,11 +158,14 @@ def _spans(stamps: list[int | None]) -> list[tuple[int, int, int]]:
 
 
 class WorkerThread:
-    """`EngineWorker(client, backend, spec, cfg).run()` on its own event loop and thread."""
+    """`EngineWorker(client, backend, spec, cfg).run()` on its own event loop and thread
+    (`name`: the name it registers as)."""
 
-    def __init__(self, client: GatewayClient, backend: RolloutBackend, **cfg) -> None:
+    def __init__(
+        self, client: GatewayClient, backend: RolloutBackend, name: str = "", **cfg
+    ) -> None:
         spec = m.EngineSpec(
-            backend="jax", model_family="llama", dtype="float32", transports=("gloo",)
+            backend="jax", model_family="llama", dtype="float32", transports=("gloo",), name=name
         )
         self.worker = EngineWorker(client, backend, spec, WorkerConfig(**cfg))
         self.reason: str | None = None

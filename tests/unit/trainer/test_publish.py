@@ -13,7 +13,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from models.checkpoints.hf_io import load_hf_checkpoint
 from models.params import flat_params
 from trainer.publish import PushError, WeightPublisher
 from transport.config import FileTransportConfig, GlooTransportConfig
@@ -25,22 +24,6 @@ h = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(h)
 
 BUCKET = 48 * 1024  # several buckets for the tiny model (about 0.3 MB in bf16)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_checkpoint):
-    path = tiny_checkpoint("llama", seed=3)
-    cfg, decoder = load_hf_checkpoint(path, dtype="float32")
-    return path, cfg, decoder
-
-
-@pytest.fixture
-def gateway():
-    server, trainer, engine = h.start_gateway()
-    yield trainer, engine
-    trainer.close()
-    engine.close()
-    server.stop(0)
 
 
 def _publisher(trainer, cfg, dtype):

@@ -375,3 +375,38 @@ def test_a_kept_version_handed_over_again_is_left_as_it_is(sender):
         sender.send(_m(3, bucket_bytes=1024), weights[2].items())
     assert sender.kept == [2, 3]
     r.close()
+
+
+def test_a_version_stalled_on_its_way_stays_the_base_of_the_next_delta():
+    """A pull that stalls (a cut link, a slow load: here the engine's load waits) while more
+    than `keep` newer versions arrive: the version on its way is kept beside the newest two,
+    so once it is loaded the engine gets the newest as a delta against it, not a keyframe."""
+    sender = DeltaStreamSender(keep=2, timeout_s=10.0)
+    loading, release = threading.Event(), threading.Event()
+    try:
+        weights = _versions(6)
+        r = _receiver(sender, "far")
+        sender.send(_m(1), weights[0].items())
+        assert _newest(r)[0] == 1
+        sender.send(_m(2), weights[1].items())
+
+        def stalled(bucket):  # noqa: ANN001
+            loading.set()
+            assert release.wait(10.0)
+
+        pull = threading.Thread(target=lambda: r.receive_newest(stalled))
+        pull.start()
+        assert loading.wait(10.0)
+        for v in range(3, 7):  # the trainer goes on: versions 3..6 while 2 is on its way
+            sender.send(_m(v), weights[v - 1].items())
+        assert sender.kept == [1, 2, 5, 6]  # held, on its way, the newest two
+        release.set()
+        pull.join(10.0)
+        assert r.held_version == 2
+        got_v, got = _newest(r)
+        assert got_v == 6 and _same_bits(got, weights[5])
+        assert _bases(sender, "far@") == [(1, None, True), (2, 1, True), (6, 2, True)]
+        r.close()
+    finally:
+        release.set()
+        sender.close()

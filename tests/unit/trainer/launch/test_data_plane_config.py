@@ -127,3 +127,66 @@ def test_the_delta_stream_data_plane_listens_where_engines_reach_the_trainer():
     assert data_plane_config(every).full_every == 5
     with pytest.raises(ConfigError, match="delta_full_every"):
         load_job_config(None, ["launch.data_plane=delta_stream", "launch.delta_full_every=-1"])
+
+
+def test_far_engines_take_the_delta_stream_beside_the_near_data_plane():
+    """launch.far_engines: the far sender listens on data_plane_host:far_port with the delta
+    settings, the near engines keep data_plane (gloo here), the gateway's transport stays
+    the near one, and a far engine's command line also offers the delta stream."""
+    from pathlib import Path
+
+    from trainer.launch.commands import engine_argv, far_data_plane_config, far_engine_names
+
+    job = load_job_config(None, [
+        "launch.num_engines=3", "launch.far_engines=[2, 0]", "launch.data_plane=gloo",
+        "launch.data_plane_host=10.0.0.1", "launch.far_port=29601", "launch.delta_keep=3",
+        "launch.data_plane_timeout_s=40",
+    ])  # fmt: skip
+    far = far_data_plane_config(job)
+    assert far is not None
+    assert (far.kind, far.host, far.port, far.timeout_s, far.keep) == (
+        "delta_stream", "10.0.0.1", 29601, 40.0, 3,
+    )  # fmt: skip
+    assert data_plane_config(job).kind == "gloo" and run_settings(job, "llama").transport == "gloo"
+    assert far_engine_names(job) == ("engine2", "engine0")
+
+    def transports(i: int) -> str:
+        argv = engine_argv(job, i, "gw:1", Path("t"), Path("m"), 64)
+        return argv[argv.index("--transports") + 1]
+
+    assert [transports(i) for i in range(3)] == ["gloo,delta_stream", "gloo", "gloo,delta_stream"]
+    assert far_data_plane_config(load_job_config(None, [])) is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["launch.far_engines=[2]"], r"distinct indices 0\.\.1 \(num_engines=2\), got \[2\]"),
+        (["launch.far_engines=[1, 1]"], r"distinct indices 0\.\.1"),
+        (["launch.far_engines=[0, 1]"], "lists every engine: a mixed plan needs a near engine"),
+        (["launch.far_engines=[1]", "launch.data_plane=nccl"], "data_plane=nccl: near engines"),
+        (["launch.far_engines=[1]", "launch.data_plane=delta_stream"], "gloo, shm or file"),
+        (["launch.far_engines=[1]", "launch.min_engines=2"], "commits on near engines only"),
+        (["launch.far_engines=[1]", "launch.trainer_processes=2", "launch.trainer_devices=1"],
+         "trainer_processes=2: far engines are fed from trainer process 0"),
+    ],
+)  # fmt: skip
+def test_far_engines_that_cannot_work_are_refused_at_config_time(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_job_config(None, ["launch.num_engines=2", *overrides])
+
+
+def test_far_engines_on_gpus_with_vllm_refuse_auto_picking_nccl():
+    from trainer.launch.commands import resolve_data_plane
+
+    job = load_job_config(None, [
+        "launch.num_engines=2", "launch.far_engines=[1]", "launch.accelerator=gpu",
+        "rollout.backend=vllm",
+    ])  # fmt: skip
+    with pytest.raises(ValueError, match="would pick nccl, which cannot sit beside far engines"):
+        resolve_data_plane(job)
+    gloo = load_job_config(None, [
+        "launch.num_engines=2", "launch.far_engines=[1]", "launch.accelerator=gpu",
+        "rollout.backend=vllm", "launch.data_plane=gloo",
+    ])  # fmt: skip
+    assert resolve_data_plane(gloo) == "gloo"
