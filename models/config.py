@@ -97,7 +97,10 @@ class ModelConfig:
         rope_global / rope_local: rope of full and of sliding-window layers.
         final_logit_softcap / attn_logit_softcap: tanh soft-capping, or None.
         bos_token_id, eos_token_ids: special tokens of the checkpoint.
-        dtype: compute dtype of activations; param_dtype: storage dtype of the params.
+        dtype: compute dtype: the matmul operands (accumulated in float32), attention and
+            the KV cache; the residual stream, norms, rotary and MLP activation run in
+            float32 whatever it is (`models.layers.project`). param_dtype: storage dtype of
+            the params.
     """
 
     family: str

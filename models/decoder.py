@@ -115,8 +115,7 @@ class Decoder(nnx.Module):
         scan_layers: bool = False,
         remat: str = "none",
     ) -> tuple[jax.Array, KVCache | None]:
-        """Final hidden states [B, T, D] in the compute dtype (after the final norm), without
-        the LM head.
+        """Final hidden states [B, T, D] float32 (after the final norm), without the LM head.
 
         `attention_block` (static, tokens; 0 = dense): without a cache, attend `block`
         queries at a time when T exceeds it (`models.blockwise`; the positions must
@@ -162,7 +161,7 @@ class Decoder(nnx.Module):
         and the routers' record, `models.routing`), kept under a scan and under remat.
 
         Returns:
-            (hidden [B, T, D] in the compute dtype, the layers' outputs: a list of one per
+            (hidden [B, T, D] float32, the layers' outputs: a list of one per
             layer when looped, stacked along a leading [L] axis when scanned).
 
         Raises:
@@ -172,13 +171,14 @@ class Decoder(nnx.Module):
         return self._run_layers(x, positions, attention_block, scan_layers, remat, layer_io)
 
     def _embed(self, tokens: jax.Array) -> jax.Array:
-        """int32 [B, T] -> [B, T, D] in the compute dtype (scaled where the family does)."""
+        """int32 [B, T] -> [B, T, D] float32, the residual stream: the rows taken in the
+        compute dtype (and scaled in it where the family does, as transformers), then widened."""
         cfg = self.cfg
         table = self.embed.embedding[...]
         x = jnp.take(table, tokens, axis=0).astype(cfg.dtype)  # [B, T, D]
         if cfg.embed_scale:
             x = x * jnp.asarray(math.sqrt(cfg.hidden_size), dtype=table.dtype).astype(cfg.dtype)
-        return x
+        return x.astype(jnp.float32)
 
     def _run_layers(
         self,
@@ -217,9 +217,11 @@ class Decoder(nnx.Module):
         """hidden [..., D] -> logits [..., V] float32 (LM head accumulated in fp32, then
         soft-cap). A bf16 head is not converted to fp32 first (a copy of the whole [D, V]
         table each call): bf16 operands with fp32 accumulation (`preferred_element_type`) give
-        the same products (a bf16 product is exact in fp32)."""
+        the same products (a bf16 product is exact in fp32). The operands are in the wider
+        of the compute and param dtypes (the float32 hidden states rounded once to bf16 in
+        the bf16 path)."""
         w = self.lm_head_weight()
-        dt = jnp.promote_types(hidden.dtype, w.dtype)
+        dt = jnp.promote_types(self.cfg.dtype, w.dtype)
         logits = jnp.einsum("...d,dv->...v", hidden.astype(dt), w.astype(dt),
                             preferred_element_type=jnp.float32)  # fmt: skip
         cap = self.cfg.final_logit_softcap

@@ -108,9 +108,11 @@ class MoE(nnx.Module):
         self.experts = Experts(cfg, keys)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        """x: [B, T, D] -> [B, T, D] in the model dtype."""
+        """x: [B, T, D] (float32 residual stream or the model dtype) -> [B, T, D] in the
+        model dtype."""
         cfg = self.cfg
         dt = cfg.dtype
+        x = x.astype(dt)  # the float32 residual stream, rounded once for the experts' matmuls
         with jax.named_scope("router"):
             logits = jnp.einsum("btd,de->bte", x, self.router.kernel[...].astype(dt))
             weights, ids = route(logits, cfg.num_experts_per_tok, cfg.norm_topk_prob)

@@ -38,10 +38,12 @@ class ModelSection(_Section):
     path: str = ""
     """HF safetensors folder (config.json, model.safetensors, tokenizer)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Compute dtype of the trainer's forward: activations, and each weight cast to it where
-    it is used. bfloat16 with `param_dtype` float32 is bf16 mixed precision with fp32 master
-    weights; the LM head, log-softmax and token log-probs stay float32 either way (float32
-    is faster than bfloat16 on CPU: `benchmarks/model_scale.py`)."""
+    """Compute dtype of the trainer's forward: the matmul operands (each weight and its input
+    cast to it where it is used, accumulated in float32: `models.layers.project`), attention
+    and the KV cache; the residual stream, norms, rotary and MLP activation stay float32.
+    bfloat16 with `param_dtype` float32 is bf16 mixed precision with fp32 master weights;
+    the LM head, log-softmax and token log-probs stay float32 either way (float32 is faster
+    than bfloat16 on CPU: `benchmarks/model_scale.py`)."""
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     """Storage dtype of the trained params (the master weights) and of the optimizer moments."""
     scan_layers: bool = False

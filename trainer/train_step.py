@@ -367,7 +367,7 @@ class TrainStep:
                 attention_block=self.attention_block,
                 scan_layers=self.scan_layers,
                 remat=self.remat,
-            )  # [M, L, D] in the compute dtype; the log-probs below are float32
+            )  # [M, L, D] float32 (the residual stream, models.layers.project); log-probs float32
         logp = fused_target_logprobs(
             hidden,
             model.lm_head_weight(),
