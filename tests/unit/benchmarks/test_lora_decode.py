@@ -15,7 +15,7 @@ def test_merged_and_unmerged_decode_agree_and_every_figure_is_reported(capsys):
                       "--slots", "16", "--repeats", "1"])  # fmt: skip
     assert out["fp32_max_abs_logit_diff"] < 1e-4  # W + s·AB against x W + s·(x A) B
     assert out["fp32_merged_step_s"] > 0 and out["fp32_unmerged_step_s"] > 0
-    assert out["fp32_merge_s"] > 0
+    assert out["fp32_merge_s"] > 0 and out["fp32_argmax_agreement"] == 1.0
     ratio = out["fp32_unmerged_step_s"] / out["fp32_merged_step_s"]
     assert out["fp32_unmerged_over_merged_step"] == pytest.approx(ratio)
     assert "fp32_break_even_steps" in out and "bf16_merged_step_s" not in out
