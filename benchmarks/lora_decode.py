@@ -34,9 +34,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from common import model_path
+from decode_pieces import interleaved_medians
 from flax import nnx
 
 from models.checkpoints.hf_io import load_hf_checkpoint
@@ -55,20 +54,6 @@ from models.lora import add_lora, merge_lora
 from models.params import flat_params
 
 SHORT = {"float32": "fp32", "bfloat16": "bf16"}
-
-
-def interleaved_medians(calls: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
-    """Median wall seconds of each of `calls` (no arguments; jitted work, blocked on) over
-    `repeats` rounds after one untimed call each; every round calls each once in turn."""
-    for f in calls.values():
-        jax.block_until_ready(f())
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(repeats):
-        for name, f in calls.items():
-            t = time.perf_counter()
-            jax.block_until_ready(f())
-            times[name].append(time.perf_counter() - t)
-    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def measure(path: Path, dtype: str, rank: int, rows: int, slots: int, repeats: int) -> dict:
