@@ -7,9 +7,9 @@ Every step trains, each version is loaded, the weights an engine rebuilt are the
 exactly (at max_lag 0 every token is lag 0, and every step's sampler KL stays below 1e-6
 while weight decay moves the weights every step: a stale or wrong rebuild shows as a gap of
 5% of the weights), no group is lost, the other engine loads the version the dead one was
-pulling, the restarted engine gets a keyframe and serves again, and no engine gets a keyframe
-it did not need (full_every 0: one per connection, then deltas only). The job runs at
-launch.min_engines=2, so the push of the version after the kill waits for the restart
+pulling, the restarted engine gets a keyframe and loads every later version, and no engine
+gets a keyframe it did not need (full_every 0: one per connection, then deltas only). The job runs
+at launch.min_engines=2, so the push of the version after the kill waits for the restart
 (the smoke job's steps take a fraction of a second, less than a JAX engine's start); at 1 it
 goes on without it (`trainer.publish.publisher`). Heavy: run under the shared lock
 (`flock /tmp/jaxrl-heavy.lock`).
@@ -104,7 +104,11 @@ def test_main_job_over_the_delta_stream_with_a_far_engine_killed_mid_stream(tmp_
     (restarted,) = engines - {killed, *(e for e in engines if e.startswith("engine0"))}
     loads = {(e["engine"], e["version"]) for e in events if e["event"] == "loaded"}
     assert {v for _, v in loads} == set(range(1, STEPS + 1))  # every version served
-    assert any(e["event"] == "leased" and e["engine"] == restarted for e in events)
+    # the restarted engine loads every version from its first on (whether it also leases one
+    # of the last few steps' prompts is the scheduler's race with the warm engine0, not the
+    # data plane's: a loaded CI host once gave engine0 all four)
+    mine = sorted(v for e, v in loads if e == restarted)
+    assert mine == list(range(mine[0], STEPS + 1)) and mine[0] <= KILL_AT + 1, mine
     assert list(summary["engine_versions"].values()) == [STEPS, STEPS]
 
     # the sender's records: per connection one keyframe (the first), then deltas against the

@@ -92,6 +92,9 @@ def test_a_held_push_skips_the_version_queued_behind_it(tmp_path, gateway_run, t
 
     def on_metrics(row: dict) -> None:
         rows.append(row)
+        if row["step"] == 1:  # version 1 was offered: wait until its push is the one held, so
+            # version 2 cannot replace it in the queue on a machine slow to wake the thread
+            assert publisher.holding.wait(30.0)
         if row["step"] == 3:  # versions 2 and 3 were offered while 1 was held: release it
             publisher.gate.set()
 
