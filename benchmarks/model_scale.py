@@ -15,7 +15,9 @@ batch and every intermediate), and, when that plan fits `--max-gib`, the state i
 `--steps` steps are timed after one warm-up step (`step_s`, median) with the process's peak RSS
 (`rss_gib`, `ru_maxrss`). Micro-batch 1 x `--seq-len` tokens (256). Precision `fp32`: params,
 compute and moments fp32; `bf16_mixed`: fp32 master params and Adam moments, bf16 compute
-(`model.dtype=bfloat16, model.param_dtype=float32`).
+(`model.dtype=bfloat16, model.param_dtype=float32`), the residual stream float32;
+`bf16_residual`: as bf16_mixed with a bf16 residual stream and MLP activation
+(`model.residual_dtype=bfloat16`).
 
 The depth sweep compiles (only) SmolLM2-360M's layer shape at 4, 16 and 32 layers, fp32, scan
 and loop.
@@ -26,7 +28,8 @@ on one state, N alternating steps each: the median of the paired ratios
 runs above are minutes apart, under whatever else the host runs).
 
 Ratios (reference measured in the same run): `scan_over_loop_compile`, `scan_over_loop_step`,
-`scan_over_loop_rss`, `mixed_over_fp32_step`, `mixed_over_fp32_rss` per model,
+`scan_over_loop_rss`, `mixed_over_fp32_step`, `mixed_over_fp32_rss`,
+`bf16_residual_over_bf16_mixed_{planned,step,rss}` per model and layout,
 `scan_over_loop_compile_at_{4,16,32}`, and with `--lora R` (a rank-R LoRA step, adapters on
 all seven projections, only they trained, in the last layout given) `lora_over_full_planned`,
 `lora_over_full_step`, `lora_over_full_rss` per model and precision.
@@ -95,7 +98,12 @@ LLAMA_1B = dict(
     max_position_embeddings=131072,
 )
 MODELS = {"smollm2_360m": SMOLLM2_360M, "llama_1b": LLAMA_1B}
-PRECISIONS = {"fp32": ("float32", "float32"), "bf16_mixed": ("bfloat16", "float32")}
+#: precision -> (compute dtype, param dtype, residual dtype): `models.config.ModelConfig`.
+PRECISIONS = {
+    "fp32": ("float32", "float32", "float32"),
+    "bf16_mixed": ("bfloat16", "float32", "float32"),
+    "bf16_residual": ("bfloat16", "float32", "bfloat16"),
+}
 GIB = 1 << 30
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -118,8 +126,10 @@ def _build(spec: dict[str, Any], scan: bool) -> tuple[Any, Any, Any]:
     hf = dict(MODELS[spec["model"]])
     if spec["layers"]:
         hf["num_hidden_layers"] = spec["layers"]
-    dtype, param_dtype = PRECISIONS[spec["precision"]]
-    cfg = ModelConfig.from_hf(hf, dtype=dtype, param_dtype=param_dtype)
+    dtype, param_dtype, residual_dtype = PRECISIONS[spec["precision"]]
+    cfg = ModelConfig.from_hf(
+        hf, dtype=dtype, param_dtype=param_dtype, residual_dtype=residual_dtype
+    )
     rank = spec.get("lora", 0)
 
     def model() -> Decoder:
@@ -315,11 +325,15 @@ def main() -> None:
                     field = {"compile": "compile_s", "step": "step_s", "rss": "rss_gib"}[key]
                     v = _ratio(got[p, "scan"], got[p, "loop"], field)
                     results["ratios"][f"{model}_{p}_scan_over_loop_{key}"] = v
-        if "fp32" in precisions and "bf16_mixed" in precisions:
+        for name, ref in (("bf16_mixed", "fp32"), ("bf16_residual", "bf16_mixed")):
+            if name not in precisions or ref not in precisions:
+                continue
+            short = {"bf16_mixed": "mixed", "bf16_residual": "bf16_residual"}[name]
             for layout in layouts:
-                for key, field in (("step", "step_s"), ("rss", "rss_gib")):
-                    v = _ratio(got["bf16_mixed", layout], got["fp32", layout], field)
-                    results["ratios"][f"{model}_{layout}_mixed_over_fp32_{key}"] = v
+                keys = (("planned", "planned_gib"), ("step", "step_s"), ("rss", "rss_gib"))
+                for key, field in keys if name == "bf16_residual" else keys[1:]:
+                    v = _ratio(got[name, layout], got[ref, layout], field)
+                    results["ratios"][f"{model}_{layout}_{short}_over_{ref}_{key}"] = v
         for precision in precisions if args.lora else ():
             layout = layouts[-1]
             spec = dict(base, model=model, layers=None, precision=precision, lora=args.lora)

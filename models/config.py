@@ -98,9 +98,14 @@ class ModelConfig:
         final_logit_softcap / attn_logit_softcap: tanh soft-capping, or None.
         bos_token_id, eos_token_ids: special tokens of the checkpoint.
         dtype: compute dtype: the matmul operands (accumulated in float32), attention and
-            the KV cache; the residual stream, norms, rotary and MLP activation run in
-            float32 whatever it is (`models.layers.project`). param_dtype: storage dtype of
-            the params.
+            the KV cache; norms and rotary run in float32 whatever it is
+            (`models.layers.project`). param_dtype: storage dtype of the params.
+        residual_dtype: dtype of the residual stream, of each attention and MLP output added
+            to it and of the MLP's hidden activation [B, T, F]: float32 (the default, what
+            the engines use: bf16 greedy stays closest to fp32's) or `dtype` (a bf16
+            residual, Megatron's default `fp32_residual_connection=False`: the activations
+            a bf16 train step keeps for its backward pass halve; `benchmarks/model_scale.py`
+            precision `bf16_residual`).
     """
 
     family: str
@@ -139,14 +144,20 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     dtype: str = "float32"
     param_dtype: str = "float32"
+    residual_dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        for name in ("dtype", "param_dtype"):
+        for name in ("dtype", "param_dtype", "residual_dtype"):
             value = getattr(self, name)
             if value not in SUPPORTED_DTYPES:
                 raise UnsupportedModelError(
                     f"{name}={value!r} is not supported; supported: {list(SUPPORTED_DTYPES)}"
                 )
+        if self.residual_dtype not in ("float32", self.dtype):
+            raise UnsupportedModelError(
+                f"residual_dtype={self.residual_dtype!r}: expected 'float32' or the compute "
+                f"dtype {self.dtype!r} (a residual narrower than float32 in a float32 model)"
+            )
         if self.num_heads % self.num_kv_heads:
             raise UnsupportedModelError(
                 f"num_heads={self.num_heads} must be a multiple of "
@@ -195,6 +206,7 @@ class ModelConfig:
         *,
         dtype: str = "float32",
         param_dtype: str | None = None,
+        residual_dtype: str = "float32",
     ) -> ModelConfig:
         """Reads an HF `config.json` dict.
 
@@ -202,6 +214,7 @@ class ModelConfig:
             hf: the parsed `config.json` (a multimodal gemma3 config's `text_config` is used).
             dtype: compute dtype, one of SUPPORTED_DTYPES.
             param_dtype: storage dtype of params; defaults to `dtype`.
+            residual_dtype: the residual stream's dtype: float32 or `dtype` (see the class).
 
         Raises:
             UnsupportedModelError: unknown `model_type`, rope type, activation or dtype;
@@ -267,6 +280,7 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             dtype=dtype,
             param_dtype=param_dtype or dtype,
+            residual_dtype=residual_dtype,
             **moe,
         )
 

@@ -69,11 +69,11 @@ class Block(nnx.Module):
         h, kv = self.attn(self.attn_norm(x), positions, kv, kv_len, block)
         if self.post_norms:
             h = self.post_attn_norm(h)
-        x = x + h
+        x = x + h.astype(x.dtype)  # the residual stream keeps its dtype (`residual_dtype`)
         h = self.mlp(self.mlp_norm(x))
         if self.post_norms:
             h = self.post_mlp_norm(h)
-        return x + h, kv
+        return x + h.astype(x.dtype), kv
 
 
 class Decoder(nnx.Module):
@@ -171,14 +171,15 @@ class Decoder(nnx.Module):
         return self._run_layers(x, positions, attention_block, scan_layers, remat, layer_io)
 
     def _embed(self, tokens: jax.Array) -> jax.Array:
-        """int32 [B, T] -> [B, T, D] float32, the residual stream: the rows taken in the
-        compute dtype (and scaled in it where the family does, as transformers), then widened."""
+        """int32 [B, T] -> [B, T, D] in `residual_dtype` (float32 by default), the residual
+        stream: the rows taken in the compute dtype (and scaled in it where the family does,
+        as transformers), then widened."""
         cfg = self.cfg
         table = self.embed.embedding[...]
         x = jnp.take(table, tokens, axis=0).astype(cfg.dtype)  # [B, T, D]
         if cfg.embed_scale:
             x = x * jnp.asarray(math.sqrt(cfg.hidden_size), dtype=table.dtype).astype(cfg.dtype)
-        return x.astype(jnp.float32)
+        return x.astype(cfg.residual_dtype)
 
     def _run_layers(
         self,

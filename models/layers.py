@@ -359,10 +359,11 @@ class MLP(nnx.Module):
         self.down = _Proj(keys, (F, D), ("mlp", "embed"), False, p)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        """x: [B, T, D] -> [B, T, D]."""
-        dt = self.cfg.dtype
-        gate = self.gate("btd,df->btf", x, dt)
-        up = self.up("btd,df->btf", x, dt)
+        """x: [B, T, D] -> [B, T, D] float32 (`project`); the hidden activation [B, T, F]
+        in the model's `residual_dtype` (float32, or bf16 with a bf16 residual)."""
+        dt, rd = self.cfg.dtype, self.cfg.residual_dtype
+        gate = self.gate("btd,df->btf", x, dt).astype(rd)
+        up = self.up("btd,df->btf", x, dt).astype(rd)
         if self.cfg.hidden_act == "silu":
             act = jax.nn.silu(gate)
         else:

@@ -40,12 +40,18 @@ class ModelSection(_Section):
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Compute dtype of the trainer's forward: the matmul operands (each weight and its input
     cast to it where it is used, accumulated in float32: `models.layers.project`), attention
-    and the KV cache; the residual stream, norms, rotary and MLP activation stay float32.
+    and the KV cache; norms and rotary stay float32, the residual stream as `residual_dtype`.
     bfloat16 with `param_dtype` float32 is bf16 mixed precision with fp32 master weights;
     the LM head, log-softmax and token log-probs stay float32 either way (float32 is faster
     than bfloat16 on CPU: `benchmarks/model_scale.py`)."""
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     """Storage dtype of the trained params (the master weights) and of the optimizer moments."""
+    residual_dtype: Literal["float32", "bfloat16"] = "float32"
+    """dtype of the trainer's residual stream, of each attention and MLP output added to it
+    and of the MLP's hidden activation: float32 (as the JAX engine computes), or bfloat16
+    with `dtype` bfloat16 (Megatron's `fp32_residual_connection=False`): the activations the
+    backward pass keeps halve (`benchmarks/model_scale.py`, precision `bf16_residual`), at a
+    wider sampler-trainer gap (each sublayer output rounded to bf16 before the add)."""
     scan_layers: bool = False
     """Run the trainer's forward over the layers as one `jax.lax.scan` over their params
     stacked inside the step (`models.scan`: one layer body in the program; one transient copy
@@ -58,6 +64,15 @@ class ModelSection(_Section):
     """Per-layer rematerialisation of the trainer's backward pass (`jax.checkpoint_policies`):
     none keeps every activation; full recomputes each layer's; dots_saveable keeps the matmul
     outputs only."""
+
+    @model_validator(mode="after")
+    def _residual_not_narrower(self) -> ModelSection:
+        if self.residual_dtype not in ("float32", self.dtype):
+            raise ValueError(
+                f"residual_dtype={self.residual_dtype!r} needs dtype={self.residual_dtype!r} "
+                f"(got dtype={self.dtype!r}): a float32 model keeps a float32 residual"
+            )
+        return self
 
 
 class TrainerSection(_Section):

@@ -141,6 +141,7 @@ def load_hf_checkpoint(
     param_dtype: str | None = None,
     mesh: Mesh | None = None,
     min_shard_bytes: int = 1 << 16,
+    residual_dtype: str = "float32",
 ) -> tuple[ModelConfig, Decoder]:
     """Loads an HF safetensors folder into a Decoder.
 
@@ -156,6 +157,8 @@ def load_hf_checkpoint(
             holds a whole tensor of its own, except where the layout change cannot be a view
             (a padded axis) or a param is replicated (under `min_shard_bytes`).
         min_shard_bytes: params smaller than this are replicated.
+        residual_dtype: the residual stream's dtype, float32 or `dtype`
+            (`models.config.ModelConfig`).
 
     Returns:
         (config, model).
@@ -165,7 +168,9 @@ def load_hf_checkpoint(
         MappingError: a tensor the family needs is missing (named) or has the wrong shape.
         MeshError: the mesh's "tp" does not divide the heads or KV heads (the numbers named).
     """
-    cfg = ModelConfig.from_hf(read_hf_config(path), dtype=dtype, param_dtype=param_dtype)
+    cfg = ModelConfig.from_hf(
+        read_hf_config(path), dtype=dtype, param_dtype=param_dtype, residual_dtype=residual_dtype
+    )
     reader = CheckpointReader(path)
     family = get_family(cfg.family)
     target = jnp.dtype(cfg.param_dtype)

@@ -106,8 +106,9 @@ def build_parts(job: JobConfig, model_path: Path) -> TrainerParts:
     t = cfg.trainer
     mesh = make_mesh(t.dp, t.fsdp, devices=devices, tp=t.tp, ep=t.ep)
     model_cfg, model = load_hf_checkpoint(
-        model_path, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype
-    )
+        model_path, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype,
+        residual_dtype=cfg.model.residual_dtype,
+    )  # fmt: skip
     step = train_step_from_config(cfg, model, mesh)
     checkpointer = Checkpointer(run_dir / "checkpoints", cfg.trainer.max_checkpoints)
     state, progress = step.init_state(model), None
