@@ -103,9 +103,9 @@ class ModelConfig:
         residual_dtype: dtype of the residual stream, of each attention and MLP output added
             to it and of the MLP's hidden activation [B, T, F]: float32 (the default, what
             the engines use: bf16 greedy stays closest to fp32's) or `dtype` (a bf16
-            residual, Megatron's default `fp32_residual_connection=False`: the activations
-            a bf16 train step keeps for its backward pass halve; `benchmarks/model_scale.py`
-            precision `bf16_residual`).
+            residual, Megatron's default `fp32_residual_connection=False`: those activations
+            a bf16 train step keeps for its backward pass are half as wide;
+            `benchmarks/model_scale.py` precision `bf16_residual`).
     """
 
     family: str
