@@ -170,6 +170,7 @@ class ClusterBox:
             name: Host(name, f"{PREFIX}-{self.tag}-{name}", f"{SUBNET}.{FIRST_HOST + i}", f"p{i}")
             for i, name in enumerate(names)
         }
+        self._started: list[subprocess.Popen] = []
 
     def __enter__(self) -> ClusterBox:
         try:
@@ -227,7 +228,15 @@ class ClusterBox:
                   f"net.ipv4.ip_local_port_range={lo} {hi}"])  # fmt: skip
 
     def down(self) -> None:
-        """Kill every process in the box and remove its namespaces (idempotent)."""
+        """Kill every process in the box and remove its namespaces (idempotent).
+
+        What `popen` started is killed by its pid first: a process that has not yet entered
+        its namespace (``ip netns exec`` not yet past ``setns``) is not among the namespace's
+        pids, and would otherwise outlive the box.
+        """
+        for proc in self._started:
+            if proc.poll() is None:
+                proc.kill()
         for h in self.hosts.values():
             _kill_namespace(h.netns)
         _kill_namespace(self.switch)
@@ -246,7 +255,9 @@ class ClusterBox:
     ) -> subprocess.Popen:
         """Start `argv` on host `name` (`subprocess.Popen` keywords pass through); `down` kills
         it with the host."""
-        return subprocess.Popen(self.argv(name, argv), env=dict(env) if env else None, **kw)
+        proc = subprocess.Popen(self.argv(name, argv), env=dict(env) if env else None, **kw)
+        self._started = [p for p in self._started if p.poll() is None] + [proc]
+        return proc
 
     def run(self, name: str, argv: Sequence[str], check: bool = True, **kw: Any) -> str:
         """Run `argv` on host `name` to its end; returns its stdout.

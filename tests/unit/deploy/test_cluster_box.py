@@ -87,6 +87,15 @@ def test_down_kills_what_runs_in_the_box_and_removes_it():
     assert not any(os.path.exists(f"/etc/netns/{n}") for n in names)
 
 
+def test_down_at_once_after_popen_kills_the_process_still_entering_its_host():
+    # `ip netns exec` may not have joined the namespace yet: it is not among `ip netns pids`
+    # (CI once saw such a sleeper outlive its box); down kills what popen started by its pid.
+    for _ in range(5):
+        with ClusterBox(["eps"]) as b:
+            sleepers = [b.popen("eps", ["sleep", "600"]) for _ in range(4)]
+        assert [s.wait(10) for s in sleepers] == [-signal.SIGKILL] * 4
+
+
 def test_a_box_whose_maker_was_killed_is_removed_by_the_next():
     code = (
         "import sys, time\n"
