@@ -95,6 +95,9 @@ class JaxOptions(BaseModel):
     steps_per_call: int = Field(default=64, ge=1)
     kv_bucket: int = Field(default=128, ge=0)
     """Smallest decode attention bound in cache slots (0: attend to every slot)."""
+    row_bucket: int = Field(default=16, ge=0)
+    """Smallest decode row bound: a decode call computes the first `row_bucket * 2**k` slots
+    that hold every occupied one (0: every slot, always)."""
     replicas: int = Field(default=1, ge=1)
     devices_per_replica: int = Field(default=1, ge=1)
     tp: int = Field(default=1, ge=1)

@@ -64,6 +64,12 @@ class BatcherConfig:
             request has stop strings runs (the check reads the new tokens to the host); 1
             samples no token past a stop, more trade up to ``n - 1`` dropped tokens per stop for
             fewer host round trips.
+        row_bucket: smallest decode row bound. Each decode call computes only slots
+            [0, rows), rows the smallest ``row_bucket * 2**k`` above every occupied slot
+            (capped at ``num_slots``: one compiled loop per bound), and fresh samples take the
+            lowest free slots, so fewer requests than slots (an evaluation's last prompts, a
+            small batch) cost a smaller step; 0 always computes every slot. Off on a sharded
+            replica.
     """
 
     num_slots: int = 8
@@ -74,14 +80,16 @@ class BatcherConfig:
     seed: int = 0
     kv_bucket: int = 128
     stop_string_steps: int = 1
+    row_bucket: int = 16
 
     def __post_init__(self) -> None:
         if self.stop_string_steps < 1:
             raise ValueError(f"stop_string_steps must be >= 1, got {self.stop_string_steps}")
-        if self.kv_bucket < 0:
-            raise ValueError(
-                f"kv_bucket must be >= 0 (0 turns the bound off), got {self.kv_bucket}"
-            )
+        for name in ("kv_bucket", "row_bucket"):
+            if getattr(self, name) < 0:
+                raise ValueError(
+                    f"{name} must be >= 0 (0 turns the bound off), got {getattr(self, name)}"
+                )
 
 
 @dataclasses.dataclass
@@ -299,8 +307,10 @@ class ContinuousBatcher:
         n = self.cfg.steps_per_call
         if matching:
             n = min(n, self.cfg.stop_string_steps)
-        kv_len = self.kv_len()
-        self.state, steps = self._loop(self.params, self.state, jnp.int32(n), kv_len=kv_len)
+        kv_len, rows = self.kv_len(), self.row_bound()
+        self.state, steps = self._loop(
+            self.params, self.state, jnp.int32(n), kv_len=kv_len, rows=rows
+        )
         self.decode_steps += int(steps)
         if matching:
             self._match_stop_strings(matching)
@@ -343,6 +353,17 @@ class ContinuousBatcher:
             bucket *= 2
         return None if bucket >= cap else bucket
 
+    def row_bound(self) -> int | None:
+        """The rows of the next decode call (see ``BatcherConfig.row_bucket``): the smallest
+        ``row_bucket * 2**k`` above every occupied slot, or None for all ``num_slots``."""
+        bucket, cap = self.cfg.row_bucket, self.cfg.num_slots
+        occupied = [i for i, s in enumerate(self._slots) if s is not None]
+        if bucket <= 0 or not occupied or self.mesh is not None:
+            return None
+        while bucket <= occupied[-1] and bucket < cap:
+            bucket *= 2
+        return None if bucket >= cap else bucket
+
     def run_until_idle(self) -> list[SampleResult]:
         """Step until every queued and in-flight sample is done; returns them all."""
         out: list[SampleResult] = []
@@ -367,7 +388,11 @@ class ContinuousBatcher:
             take = [p for p in take if id(p) not in done]
             if not take:
                 return
-        free.sort(key=lambda i: (self._memory[i] is not None, self._used[i]))
+        # slots that remember nothing first, lowest first (`row_bucket`); then the least
+        # recently used of those that remember a sample (kept for an episode's next turn)
+        free.sort(
+            key=lambda i: (False, 0, i) if self._memory[i] is None else (True, self._used[i], i)
+        )
         for i in free[: len(take)]:
             self._memory[i] = None
         self._prefill_for(take)

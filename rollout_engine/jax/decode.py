@@ -121,7 +121,15 @@ def _loop(
     state: SlotState,
     max_steps: jax.Array,
     kv_len: int | None = None,
+    rows: int | None = None,
 ) -> tuple[SlotState, jax.Array]:
+    if rows is not None and rows < state.num_slots:  # run the first `rows` slots only
+        part = jax.tree.map(lambda x: x[:rows], state)
+        part, steps = _loop(graphdef, sampling, stops, params, part, max_steps, kv_len)
+        merged = jax.tree.map(
+            lambda full, p: jax.lax.dynamic_update_slice_in_dim(full, p, 0, axis=0), state, part
+        )  # in place: the state is donated
+        return merged, steps
     model = nnx.merge(graphdef, params)
 
     def cond(carry: tuple[SlotState, jax.Array]) -> jax.Array:
@@ -139,17 +147,21 @@ def _loop(
 
 
 def make_decode_loop(graphdef: nnx.GraphDef, sampling: SamplingConfig, stops: StopConfig):
-    """Compile ``loop(params, state, max_steps, kv_len=None) -> (state, steps)``; ``state`` is
-    donated.
+    """Compile ``loop(params, state, max_steps, kv_len=None, rows=None) -> (state, steps)``;
+    ``state`` is donated.
 
     The loop runs decode steps while no active slot is finished, some slot is running, fewer
     than ``max_steps`` (int32 scalar) steps ran and, with ``kv_len`` (static int: one compiled
     loop per value), every running slot's position is below it (each step's attention then
-    reads only ``kv_len`` cache slots); ``steps`` is the int32 number of steps taken.
-    Shardings follow the inputs (a batch-sharded state gives a data-parallel loop).
+    reads only ``kv_len`` cache slots); ``steps`` is the int32 number of steps taken. With
+    ``rows`` (static int < B: one compiled loop per value) only slots [0, rows) are decoded,
+    every slot from ``rows`` on must be empty: their rows are copied out of the state once per
+    call and written back in place after the loop, so a step computes ``rows`` rows, not B
+    (the batcher's ``row_bucket``). Shardings follow the inputs (a batch-sharded state gives a
+    data-parallel loop; ``rows`` is for an unsharded state).
     """
     return jax.jit(
         partial(_loop, graphdef, sampling, stops),
         donate_argnums=(1,),
-        static_argnames=("kv_len",),
+        static_argnames=("kv_len", "rows"),
     )

@@ -187,3 +187,37 @@ def test_bounded_decode_attention_gives_the_unbounded_samples(tiny) -> None:
         np.testing.assert_allclose(bounded.logprobs, free.logprobs, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="kv_bucket must be >= 0"):
         BatcherConfig(kv_bucket=-1)
+
+
+def test_decode_rows_bounded_to_the_occupied_slots_give_the_same_samples(tiny) -> None:
+    """With row_bucket 2 and 8 slots, three requests of 2 samples fill slots 0-5 (the lowest
+    free ones): the decode calls compute all 8 rows, then 4 once the third request's samples
+    ended (slots 0-3 occupied), then 2; tokens and log-probs equal those of row_bucket 0
+    (every call computes all 8 rows): the rows past the bound are empty, so it only skips
+    work. A negative bucket is refused."""
+    cfg, graphdef, params = tiny
+    rng = np.random.default_rng(6)
+    reqs = [
+        Request(i, tuple(int(t) for t in rng.integers(1, 64, size=n)), 2, max_new_tokens=m)
+        for i, (n, m) in enumerate(((4, 120), (9, 60), (17, 20)))
+    ]
+    never = StopConfig(eos_ids=(64,), pad_id=1)  # outside the vocabulary: samples run to m
+    outs, bounds = [], []
+    for bucket in (0, 2):
+        bcfg = BatcherConfig(num_slots=8, max_len=160, prefill_batch=4, steps_per_call=8,
+                             row_bucket=bucket)  # fmt: skip
+        b = ContinuousBatcher(cfg, graphdef, params, bcfg, SamplingConfig(temperature=1.0), never)
+        seen: list[int | None] = []
+        unspied = b.row_bound
+        b.row_bound = lambda seen=seen, f=unspied: seen.append(f()) or seen[-1]  # type: ignore[method-assign]
+        b.submit(reqs)
+        res = sorted(b.run_until_idle(), key=lambda r: (r.prompt_id, r.sample_index))
+        assert [len(r.tokens) for r in res] == [120, 120, 60, 60, 20, 20]
+        outs.append(res)
+        bounds.append(list(dict.fromkeys(seen)))
+    assert bounds == [[None], [None, 4, 2]]
+    for full, bounded in zip(*outs, strict=True):
+        assert full.tokens.tolist() == bounded.tokens.tolist()
+        np.testing.assert_allclose(bounded.logprobs, full.logprobs, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="row_bucket must be >= 0"):
+        BatcherConfig(row_bucket=-1)
