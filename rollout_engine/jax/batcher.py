@@ -388,11 +388,7 @@ class ContinuousBatcher:
             take = [p for p in take if id(p) not in done]
             if not take:
                 return
-        # slots that remember nothing first, lowest first (`row_bucket`); then the least
-        # recently used of those that remember a sample (kept for an episode's next turn)
-        free.sort(
-            key=lambda i: (False, 0, i) if self._memory[i] is None else (True, self._used[i], i)
-        )
+        free.sort(key=self._fresh_slot_order(free, len(take)))
         for i in free[: len(take)]:
             self._memory[i] = None
         self._prefill_for(take)
@@ -414,6 +410,24 @@ class ContinuousBatcher:
         for p in take:  # a prompt's prefill is dropped once its last sample is in a slot
             if p.index == p.request.num_samples - 1:  # samples queue in index order
                 self._prefills.pop(id(p.request), None)
+
+    def _fresh_slot_order(self, free: list[int], need: int):  # noqa: ANN202 - a sort key
+        """The order fresh samples take the free slots in: those below the smallest row bound
+        R (``row_bucket * 2**k``) whose free slots suffice for `need` samples, so the decode
+        rows stay few (`row_bound`); within and beyond R, the slots that remember nothing
+        first, then the least recently used of those that remember a sample (kept for an
+        episode's next turn), lowest index last."""
+        bound, cap = self.cfg.row_bucket, self.cfg.num_slots
+        if bound <= 0 or self.mesh is not None:
+            bound = cap
+        while bound < cap and sum(i < bound for i in free) < need:
+            bound *= 2
+
+        def key(i: int) -> tuple[bool, bool, int, int]:
+            held = self._memory[i] is not None
+            return (i >= bound, held, self._used[i] if held else 0, i)
+
+        return key
 
     def _remembered(self, p: _Pending, free: list[int]) -> tuple[int, int] | None:
         """The free slot whose memory shares the longest prefix with `p`'s prompt, and that

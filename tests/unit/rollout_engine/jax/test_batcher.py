@@ -192,9 +192,10 @@ def test_bounded_decode_attention_gives_the_unbounded_samples(tiny) -> None:
 def test_decode_rows_bounded_to_the_occupied_slots_give_the_same_samples(tiny) -> None:
     """With row_bucket 2 and 8 slots, three requests of 2 samples fill slots 0-5 (the lowest
     free ones): the decode calls compute all 8 rows, then 4 once the third request's samples
-    ended (slots 0-3 occupied), then 2; tokens and log-probs equal those of row_bucket 0
-    (every call computes all 8 rows): the rows past the bound are empty, so it only skips
-    work. A negative bucket is refused."""
+    ended (slots 0-3 occupied), then 2, and a second request's two samples take slots 0 and 1
+    again although they remember the first pass (bound 2); tokens and log-probs equal those of
+    row_bucket 0 (every call computes all 8 rows): the rows past the bound are empty, so it
+    only skips work. A negative bucket is refused."""
     cfg, graphdef, params = tiny
     rng = np.random.default_rng(6)
     reqs = [
@@ -213,9 +214,14 @@ def test_decode_rows_bounded_to_the_occupied_slots_give_the_same_samples(tiny) -
         b.submit(reqs)
         res = sorted(b.run_until_idle(), key=lambda r: (r.prompt_id, r.sample_index))
         assert [len(r.tokens) for r in res] == [120, 120, 60, 60, 20, 20]
+        first = list(dict.fromkeys(seen))
+        seen.clear()  # a second pass: slots 0-5 remember the first pass's samples, 6-7
+        # nothing; two fresh samples still take slots 0 and 1 (inside the smallest bound)
+        b.submit([Request(9, (5, 6, 7), 2, max_new_tokens=30)])
+        res += b.run_until_idle()
         outs.append(res)
-        bounds.append(list(dict.fromkeys(seen)))
-    assert bounds == [[None], [None, 4, 2]]
+        bounds.append((first, set(seen)))
+    assert bounds == [([None], {None}), ([None, 4, 2], {2})]
     for full, bounded in zip(*outs, strict=True):
         assert full.tokens.tolist() == bounded.tokens.tolist()
         np.testing.assert_allclose(bounded.logprobs, full.logprobs, atol=1e-5, rtol=0)
