@@ -88,12 +88,17 @@ def _check_accounting(run_dir: Path, steps: int) -> dict:
 
 
 def _loaded_before_leasing(events: list[dict], engine: str, current: int) -> None:
+    """`engine` held the gateway's version at its registration (`current`) before its first
+    lease: it loaded it, or registered holding it (a frozen engine whose load of that
+    version finished when it was thawed, before it registered again)."""
     mine = [e for e in events if e.get("engine") == engine]
     kinds = [e["event"] for e in mine]
     assert "leased" in kinds, f"{engine} never leased"
     first_lease = kinds.index("leased")
-    loads = [e["version"] for e in mine[:first_lease] if e["event"] == "loaded"]
-    assert loads and loads[-1] >= current, (engine, kinds)
+    assert kinds[0] == "registered", (engine, kinds)
+    held = [mine[0]["weight_version"]]
+    held += [e["version"] for e in mine[:first_lease] if e["event"] == "loaded"]
+    assert held[-1] >= current, (engine, kinds, held)
 
 
 @pytest.mark.slow

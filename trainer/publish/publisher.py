@@ -484,9 +484,9 @@ class WeightPublisher:
 
     def _push(self, params: Mapping, version: int) -> PushStats:
         t0 = time.perf_counter()
-        members = self.waits.live_engines(version)
+        members, done = self.waits.live_engines(version)
         lost: list[str] = []
-        done: tuple[str, ...] = ()  # loaded it in a committed attempt, with too few others
+        # done: loaded it in a committed attempt with too few others, or came back holding it
         for attempt in range(self.max_attempts):
             sender, plan = self._plan(members, version)
             self.client.publish_version(version, plan.to_params())
@@ -512,11 +512,9 @@ class WeightPublisher:
                 self.waits.settle(version, survivors)
                 # the engines registered now: the survivors, and any that came back (a
                 # restart) meanwhile; below min_engines this waits for them (ready_timeout_s)
-                members = tuple(
-                    x
-                    for x in self.waits.live_engines(version, lost)
-                    if x[0] not in lost and x[0] not in done
-                )
+                live, holding = self.waits.live_engines(version, lost)
+                done = tuple(sorted(set(done) | set(holding)))  # a restart may hold it
+                members = tuple(x for x in live if x[0] not in lost and x[0] not in done)
                 log.warning(
                     "push of version %d: engines %s left %s (attempt %d); re-sending it to %s",
                     version, e.gone, e.when, attempt + 1, list(ids_of(members)),
@@ -524,6 +522,8 @@ class WeightPublisher:
                 self.waits.check_enough(
                     version, len(done) + len(members), f"after {lost} left during the push"
                 )
+                if not members:  # every engine serving it holds it: nothing left to send
+                    return self._held_by(done, version, lost, attempt + 1, t0)
                 continue
             except BaseException:
                 self._drop_group()  # a failed collective leaves the group out of step
@@ -545,6 +545,25 @@ class WeightPublisher:
         raise PushError(
             version, f"engines kept leaving: {lost} within {self.max_attempts} attempts"
         )
+
+    def _held_by(
+        self, engines: tuple[str, ...], version: int, lost: list[str], attempts: int, t0: float
+    ) -> PushStats:
+        """The stats of a push that ends with no send left: every engine serving `version`
+        already holds it (`engines`: loaded it in an earlier attempt of this push, or
+        registered again with it after it left)."""
+        seconds = time.perf_counter() - t0
+        manifest = self.manifest(version)
+        stats = PushStats(
+            version, manifest.total_bytes, len(self._shapes), 0, engines, 0.0, 0.0, 0.0,
+            seconds, 1, tuple(lost), attempts,
+        )  # fmt: skip
+        log.info(
+            "pushed version %d: the %d engines serving it hold it already (%.2f s)",
+            version, len(engines), seconds,
+        )  # fmt: skip
+        self.pushes.append(stats)
+        return stats
 
     @property
     def delta_pushes(self) -> list[dict[str, Any]]:

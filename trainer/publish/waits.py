@@ -87,27 +87,30 @@ class EngineWaits:
 
     def live_engines(
         self, version: int, lost: list[str] | None = None
-    ) -> tuple[tuple[str, int], ...]:
-        """The near engines registered now (every engine but the far ones, `is_far`), as
-        (id, TP size); waits up to `ready_timeout_s` for `min_engines` of them (a restarted
-        engine registering again). `lost`: the engines that left during this push (named in
-        the error)."""
+    ) -> tuple[tuple[tuple[str, int], ...], tuple[str, ...]]:
+        """The near engines registered now (every engine but the far ones, `is_far`): those
+        that need `version`, as (id, TP size), and the ids of those that hold it already (an
+        engine that loaded it, left during the push and registered again with it: it is
+        served, and a send to it would wait for a receiver that never joins). Waits up to
+        `ready_timeout_s` for `min_engines` of them in all (a restarted engine registering
+        again). `lost`: the engines that left during this push (named in the error).
+
+        Raises:
+            PushError: fewer than `min_engines` within `ready_timeout_s`, or `cancelled`.
+        """
         deadline = time.monotonic() + self.ready_timeout_s
         while True:
             self.check_cancelled(version)
-            status = self.client.status()
+            near = [e for e in self.client.status().engines if not self.is_far(e.name)]
             members = tuple(
-                sorted(
-                    (e.engine_id, max(1, e.tp_size))
-                    for e in status.engines
-                    if not self.is_far(e.name)
-                )
+                sorted((e.engine_id, max(1, e.tp_size)) for e in near if e.weight_version < version)
             )
-            if len(members) >= self.min_engines:
-                return members
+            holding = tuple(sorted(e.engine_id for e in near if e.weight_version >= version))
+            if len(members) + len(holding) >= self.min_engines:
+                return members, holding
             if time.monotonic() > deadline:
                 why = f" after {lost} left during the push" if lost else ""
-                self.check_enough(version, len(members), f"within {self.ready_timeout_s} s{why}")
+                self.check_enough(version, len(near), f"within {self.ready_timeout_s} s{why}")
             time.sleep(0.2)
 
     def check_enough(self, version: int, serving: int, when: str) -> None:

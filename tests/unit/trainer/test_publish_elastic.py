@@ -143,6 +143,57 @@ def test_the_only_engine_dying_after_the_commit_waits_for_its_restart(model):
         server.stop(0)
 
 
+def test_the_only_engine_coming_back_holding_the_version_ends_the_push_without_a_resend(model):
+    """The only engine loads version 1 and leaves before acking it, then registers again
+    holding it (as a frozen engine that finished its load when thawed and rejoined over the
+    same backend): the push ends on it, with no re-plan and nothing sent again (CI once saw
+    the re-plan wait 120 s for a "ready" such an engine never sends)."""
+    path, cfg, decoder = model
+    server, trainer, engine = h.start_gateway(heartbeat_timeout_s=60.0, max_wait_s=20.0)
+    env = {**os.environ, "PYTHONPATH": str(_here.parents[2])}
+    argv = [sys.executable, str(_here / "dying_engine.py"), server.address, h.TOKENS["engine"]]
+    dying = subprocess.Popen([*argv, "1", "-1"], stdout=subprocess.PIPE, text=True, env=env)
+    back = h.FakeBackend()
+    back._version = 1  # the backend kept what it loaded before it left
+    runs: list = []
+
+    def rejoin() -> None:
+        dying.wait(60)
+        runs.append(h.WorkerThread(engine, back, lease_wait_s=0.2))
+
+    rejoiner = threading.Thread(target=rejoin, daemon=True)
+    try:
+        doomed = dying.stdout.readline().strip()
+        transport = GlooTransportConfig(port=0, timeout_s=30, bucket_bytes=BUCKET)
+        publisher = WeightPublisher(trainer, transport, "llama", cfg, "float32", ready_timeout_s=30)
+        rejoiner.start()
+        stats = publisher.push(decoder, version=1)
+        assert dying.wait(10) == -9
+        (run,) = runs
+        new_id = run.wait_registered()
+        assert (stats.version, stats.engines, stats.dropped) == (1, (new_id,), (doomed,))
+        assert (stats.attempts, stats.num_buckets, stats.sent_bytes) == (1, 0, 0)  # one group
+        assert stats.seconds < 30  # not the ready timeout
+        assert back.connects == [] and back.received == {}  # nothing sent to it again
+        events = server.state.events
+        published = [(e["version"], e["replan"]) for e in events.events("published")]
+        assert published == [(1, False)]
+        registered = [(e["engine"], e["weight_version"]) for e in events.events("registered")]
+        assert registered[-1] == (new_id, 1)
+        trainer.submit_prompts([h.prompt(f"q{i}", [i + 1], min_version=1) for i in range(4)])
+        assert len(trainer.fetch_rollouts(max_groups=4, timeout_s=10, min_groups=4)) == 4
+        publisher.close()
+    finally:
+        dying.kill()
+        rejoiner.join(60)
+        trainer.shutdown()
+        for r in runs:
+            r.join()
+        trainer.close()
+        engine.close()
+        server.stop(0)
+
+
 def test_an_engine_registering_between_pushes_is_caught_up_to_the_current_version(model):
     path, cfg, decoder = model
     server, trainer, engine = h.start_gateway()
