@@ -14,6 +14,7 @@ from flax import nnx
 from models.axes import constrain, param
 from models.blockwise import blockwise_attention
 from models.config import ModelConfig, RopeConfig
+from models.kv_cache import from_storage, to_storage
 from models.scores import attention_mask, attention_probs
 
 _INIT_STD = 0.02
@@ -177,8 +178,8 @@ class Attention(nnx.Module):
             keys, values, k_pos = k, v, positions
         else:
             rows = jnp.arange(x.shape[0])[:, None]  # [B, 1]
-            keys = kv[0].at[rows, positions].set(k.astype(kv[0].dtype), mode="drop")
-            values = kv[1].at[rows, positions].set(v.astype(kv[1].dtype), mode="drop")
+            keys = kv[0].at[rows, positions].set(to_storage(k, kv[0]), mode="drop")
+            values = kv[1].at[rows, positions].set(to_storage(v, kv[1]), mode="drop")
             kv = (keys, values)
             if kv_len is not None and kv_len < keys.shape[1]:
                 keys, values = keys[:, :kv_len], values[:, :kv_len]
@@ -193,10 +194,12 @@ class Attention(nnx.Module):
             out = blockwise_attention(qg, keys, values, positions, cfg, window, block)
         elif T == 1 and kv is not None:  # one query over the cache, in its own layout
             mask = attention_mask(positions, k_pos, window)  # [B, 1, S]
-            out = decode_attention(qg, keys.astype(dt), values.astype(dt), mask[:, 0], cfg)
+            out = decode_attention(
+                qg, from_storage(keys, dt), from_storage(values, dt), mask[:, 0], cfg
+            )
         else:
             mask = attention_mask(positions, k_pos, window)  # [B, T, S]
-            out = dense_attention(qg, keys.astype(dt), values.astype(dt), mask, cfg)
+            out = dense_attention(qg, from_storage(keys, dt), from_storage(values, dt), mask, cfg)
         out = out.reshape(B, T, N, H)
         y = self.o("btnh,nhd->btd", out, dt)  # [B, T, D] float32
         if cfg.output_bias:

@@ -70,6 +70,10 @@ class BatcherConfig:
             lowest free slots, so fewer requests than slots (an evaluation's last prompts, a
             small batch) cost a smaller step; 0 always computes every slot. Off on a sharded
             replica.
+        kv_bits: hold a bfloat16 KV cache as uint16 bit patterns, so that its writes (each
+            decode step's, each insertion's) run in place on XLA's CPU backend instead of
+            converting the whole cache to float32 and back (`models.kv_cache`; the same
+            tokens and log-probs). None: on when every device of the replica is a CPU.
     """
 
     num_slots: int = 8
@@ -81,6 +85,7 @@ class BatcherConfig:
     kv_bucket: int = 128
     stop_string_steps: int = 1
     row_bucket: int = 16
+    kv_bits: bool | None = None
 
     def __post_init__(self) -> None:
         if self.stop_string_steps < 1:
@@ -180,6 +185,16 @@ class ContinuousBatcher:
             stops=stops,
             mesh=mesh,
         )
+        leaf = jax.tree.leaves(params)[0]
+        if mesh is not None:
+            devices = list(mesh.devices.flat)
+        elif isinstance(leaf, jax.Array):  # the replica's device is where its params are
+            devices = [next(iter(leaf.devices()))]
+        else:
+            devices = jax.devices()[:1]
+        kv_bits = cfg.kv_bits
+        if kv_bits is None:
+            kv_bits = all(d.platform == "cpu" for d in devices)
         state = init_slots(
             model_cfg,
             num_slots=cfg.num_slots,
@@ -187,13 +202,12 @@ class ContinuousBatcher:
             capacity=cfg.max_len,
             marker_len=stops.marker_len,
             pad_id=stops.pad_id,
+            kv_bits=kv_bits,
         )
         if mesh is not None:
             state = jax.device_put(state, state_sharding(state, mesh))
-        else:
-            leaf = jax.tree.leaves(params)[0]
-            if isinstance(leaf, jax.Array):  # the replica's device is where its params are
-                state = jax.device_put(state, next(iter(leaf.devices())))
+        elif isinstance(leaf, jax.Array):
+            state = jax.device_put(state, devices[0])
         self.state: SlotState = state
         self._queue: collections.deque[_Pending] = collections.deque()
         self._prefills: dict[int, tuple[PrefillBatch, int]] = {}  # id(request) -> (batch, row)

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from models.kv_cache import to_storage
 from rollout_engine.jax.decode import step_keys
 from rollout_engine.jax.prefill import PrefillBatch
 from rollout_engine.jax.sampling import RowSampling, SamplingConfig, sample_rows
@@ -127,9 +128,10 @@ def scatter_rows(state: SlotState, upd: SlotUpdate, slots: jax.Array) -> SlotSta
         return dst.at[slots].set(src.astype(dst.dtype), mode="drop")
 
     def put_kv(dst: jax.Array, src: jax.Array) -> jax.Array:
+        src = to_storage(src, dst)  # a bits cache (uint16) takes the bfloat16 bits
         if upd.positions is not None:  # [n, T] window; padding positions (S) are dropped
-            return dst.at[slots[:, None], upd.positions].set(src.astype(dst.dtype), mode="drop")
-        return dst.at[slots, :t].set(src.astype(dst.dtype), mode="drop")
+            return dst.at[slots[:, None], upd.positions].set(src, mode="drop")
+        return dst.at[slots, :t].set(src, mode="drop")
 
     cache = type(state.cache)(
         k=tuple(put_kv(d, s) for d, s in zip(state.cache.k, upd.k, strict=True)),

@@ -89,6 +89,7 @@ def init_slots(
     marker_len: int,
     pad_id: int,
     cache_dtype: str | None = None,
+    kv_bits: bool = False,
 ) -> SlotState:
     """Empty state: every slot inactive, the cache zeroed.
 
@@ -96,7 +97,8 @@ def init_slots(
         cfg: the model, for the cache shape (``num_layers``, ``num_kv_heads``, ``head_dim``).
         num_slots: B. max_len: S, prompt plus completion positions per slot.
         capacity: C, most completion tokens. marker_len: M. pad_id: fills ``out_tokens``.
-        cache_dtype: KV dtype, defaults to ``cfg.dtype``.
+        cache_dtype: KV dtype, defaults to ``cfg.dtype``. kv_bits: hold a bfloat16 cache as
+            uint16 bit patterns (`models.kv_cache`: in-place writes on XLA's CPU backend).
 
     Raises:
         ValueError: a size below 1.
@@ -110,7 +112,7 @@ def init_slots(
         return jnp.zeros(b, jnp.int32)
 
     return SlotState(
-        cache=KVCache.init(cfg, b, max_len, cache_dtype),
+        cache=KVCache.init(cfg, b, max_len, cache_dtype, bits=kv_bits),
         last=zeros(),
         pos=zeros(),
         gen_len=zeros(),
