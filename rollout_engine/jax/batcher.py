@@ -2,7 +2,9 @@
 
 The host side of the seed write-up "Async RL in Pure JAX" (``continuous_batch``), reorganised:
 - samples wait in a FIFO queue; a prompt is prefilled (with up to ``prefill_batch`` next prompts,
-  in one bucketed call) when its first sample is about to enter a slot, and its prefill is dropped
+  in one bucketed call; prompts prefilled at once in several calls go shortest first, so each
+  call pads to a T bucket near its own prompts) when its first sample is about to enter a slot,
+  and its prefill is dropped
   when its last sample entered or when the weights change, so every sample starts from a prefill
   made with the weights current at its insertion; requests of the same prompt prefilled
   together share one row (the G episodes of a group at their first turn);
@@ -516,6 +518,8 @@ class ContinuousBatcher:
             sharing.setdefault(tuple(r.prompt), []).append(r)
         prompts = list(sharing)
         size = self.cfg.prefill_batch
+        if len(prompts) > size:  # chunks of like lengths pad to smaller T buckets
+            prompts.sort(key=len)
         for start in range(0, len(prompts), size):
             chunk = prompts[start : start + size]
             batch = self.prefiller(self.params, chunk)

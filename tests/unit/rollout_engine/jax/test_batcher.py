@@ -227,3 +227,29 @@ def test_decode_rows_bounded_to_the_occupied_slots_give_the_same_samples(tiny) -
         np.testing.assert_allclose(bounded.logprobs, full.logprobs, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="row_bucket must be >= 0"):
         BatcherConfig(row_bucket=-1)
+
+
+def test_prompts_prefilled_at_once_are_chunked_by_length(tiny) -> None:
+    """16 prompts alternating 5 and 20 tokens, 8 per prefill call: in arrival order both calls
+    would pad to T = 32; shortest first, one pads to 16 and one to 32. The samples are those of
+    one prompt at a time."""
+    rng = np.random.default_rng(4)
+    reqs = [
+        Request(i, tuple(int(t) for t in rng.integers(1, 64, size=5 if i % 2 else 20)), 1, 6)
+        for i in range(16)
+    ]
+    greedy = SamplingConfig(temperature=0.0)
+    cfg, graphdef, params = tiny
+    bcfg = BatcherConfig(num_slots=16, max_len=64, prefill_batch=8)
+    b = ContinuousBatcher(cfg, graphdef, params, bcfg, greedy, StopConfig((EOS,), 1))
+    b.submit(reqs)
+    together = sorted(b.run_until_idle(), key=lambda r: r.prompt_id)
+    assert b.prefiller.buckets == [(8, 16), (8, 32)]
+    assert b.prefilled_rows == 16
+    one = _batcher(tiny, 1, greedy)
+    for r, out in zip(reqs, together, strict=True):
+        one.submit([r])
+        (alone,) = one.run_until_idle()
+        assert out.prompt_id == r.prompt_id
+        assert out.tokens.tolist() == alone.tokens.tolist()
+        np.testing.assert_allclose(out.logprobs, alone.logprobs, atol=1e-5, rtol=0)
