@@ -4,6 +4,7 @@ heartbeat long poll broke, which names it), the publisher forms a new group of t
 survivors and re-sends the same version, which commits on them with exact tensors; with
 `min_engines` above the survivors the push fails naming the engine that left."""
 
+import contextlib
 import importlib.util
 import os
 import subprocess
@@ -37,6 +38,40 @@ def model(tiny_checkpoint):
     path = tiny_checkpoint("llama", seed=5)
     cfg, decoder = load_hf_checkpoint(path, dtype="float32")
     return path, cfg, decoder
+
+
+@contextlib.contextmanager
+def _dies_after_loading_then_rejoins(backend):
+    """A gateway, an engine process that loads version 1 and dies of its own SIGKILL before
+    acking it (`dying_engine.py`), and, once it is dead, a worker thread over `backend`
+    registering in its place (as the launcher restarts it, or a frozen engine rejoins).
+    Yields (server, trainer, doomed engine id, dying process, runs); the rejoined worker is
+    ``runs[0]`` once the process died. Everything is stopped on exit."""
+    server, trainer, engine = h.start_gateway(heartbeat_timeout_s=60.0, max_wait_s=20.0)
+    env = {**os.environ, "PYTHONPATH": str(_here.parents[2])}
+    argv = [sys.executable, str(_here / "dying_engine.py"), server.address, h.TOKENS["engine"]]
+    dying = subprocess.Popen([*argv, "1", "-1"], stdout=subprocess.PIPE, text=True, env=env)
+    runs: list = []
+
+    def rejoin() -> None:
+        dying.wait(60)
+        runs.append(h.WorkerThread(engine, backend, lease_wait_s=0.2))
+
+    rejoiner = threading.Thread(target=rejoin, daemon=True)
+    try:
+        doomed = dying.stdout.readline().strip()
+        rejoiner.start()
+        yield server, trainer, doomed, dying, runs
+    finally:
+        dying.kill()
+        if rejoiner.ident is not None:
+            rejoiner.join(60)
+        trainer.shutdown()
+        for r in runs:
+            r.join()
+        trainer.close()
+        engine.close()
+        server.stop(0)
 
 
 @pytest.mark.parametrize("min_engines", [1, 3])
@@ -100,23 +135,10 @@ def test_the_only_engine_dying_after_the_commit_waits_for_its_restart(model):
     the push waits for its restart (within `ready_timeout_s`, as before the commit) and
     re-plans the version on the restarted engine, which loads it exactly."""
     path, cfg, decoder = model
-    server, trainer, engine = h.start_gateway(heartbeat_timeout_s=60.0, max_wait_s=20.0)
-    env = {**os.environ, "PYTHONPATH": str(_here.parents[2])}
-    argv = [sys.executable, str(_here / "dying_engine.py"), server.address, h.TOKENS["engine"]]
-    dying = subprocess.Popen([*argv, "1", "-1"], stdout=subprocess.PIPE, text=True, env=env)
     reborn = h.FakeBackend()
-    runs: list = []
-
-    def restart() -> None:  # as the launcher: a new engine process once the old one died
-        dying.wait(60)
-        runs.append(h.WorkerThread(engine, reborn, lease_wait_s=0.2))
-
-    restarter = threading.Thread(target=restart, daemon=True)
-    try:
-        doomed = dying.stdout.readline().strip()
+    with _dies_after_loading_then_rejoins(reborn) as (server, trainer, doomed, dying, runs):
         transport = GlooTransportConfig(port=0, timeout_s=30, bucket_bytes=BUCKET)
         publisher = WeightPublisher(trainer, transport, "llama", cfg, "float32", ready_timeout_s=30)
-        restarter.start()
         stats = publisher.push(decoder, version=1)
         assert dying.wait(10) == -9  # it died of its own SIGKILL after loading version 1
         (run,) = runs
@@ -132,15 +154,6 @@ def test_the_only_engine_dying_after_the_commit_waits_for_its_restart(model):
         assert published == [(1, False), (1, True)]
         assert [(e["engine"], e["version"]) for e in events.events("loaded")] == [(new_id, 1)]
         publisher.close()
-    finally:
-        dying.kill()
-        restarter.join(60)
-        trainer.shutdown()
-        for r in runs:
-            r.join()
-        trainer.close()
-        engine.close()
-        server.stop(0)
 
 
 def test_the_only_engine_coming_back_holding_the_version_ends_the_push_without_a_resend(model):
@@ -149,26 +162,13 @@ def test_the_only_engine_coming_back_holding_the_version_ends_the_push_without_a
     same backend): the push ends on it, with no re-plan and nothing sent again (CI once saw
     the re-plan wait 120 s for a "ready" such an engine never sends)."""
     path, cfg, decoder = model
-    server, trainer, engine = h.start_gateway(heartbeat_timeout_s=60.0, max_wait_s=20.0)
-    env = {**os.environ, "PYTHONPATH": str(_here.parents[2])}
-    argv = [sys.executable, str(_here / "dying_engine.py"), server.address, h.TOKENS["engine"]]
-    dying = subprocess.Popen([*argv, "1", "-1"], stdout=subprocess.PIPE, text=True, env=env)
     back = h.FakeBackend()
     back._version = 1  # the backend kept what it loaded before it left
-    runs: list = []
-
-    def rejoin() -> None:
-        dying.wait(60)
-        runs.append(h.WorkerThread(engine, back, lease_wait_s=0.2))
-
-    rejoiner = threading.Thread(target=rejoin, daemon=True)
-    try:
-        doomed = dying.stdout.readline().strip()
+    with _dies_after_loading_then_rejoins(back) as (server, trainer, doomed, dying, runs):
         transport = GlooTransportConfig(port=0, timeout_s=30, bucket_bytes=BUCKET)
         publisher = WeightPublisher(trainer, transport, "llama", cfg, "float32", ready_timeout_s=30)
-        rejoiner.start()
         stats = publisher.push(decoder, version=1)
-        assert dying.wait(10) == -9
+        assert dying.wait(10) == -9  # it died of its own SIGKILL after loading version 1
         (run,) = runs
         new_id = run.wait_registered()
         assert (stats.version, stats.engines, stats.dropped) == (1, (new_id,), (doomed,))
@@ -183,15 +183,6 @@ def test_the_only_engine_coming_back_holding_the_version_ends_the_push_without_a
         trainer.submit_prompts([h.prompt(f"q{i}", [i + 1], min_version=1) for i in range(4)])
         assert len(trainer.fetch_rollouts(max_groups=4, timeout_s=10, min_groups=4)) == 4
         publisher.close()
-    finally:
-        dying.kill()
-        rejoiner.join(60)
-        trainer.shutdown()
-        for r in runs:
-            r.join()
-        trainer.close()
-        engine.close()
-        server.stop(0)
 
 
 def test_an_engine_registering_between_pushes_is_caught_up_to_the_current_version(model):
