@@ -41,31 +41,21 @@ def model(tiny_checkpoint):
 
 
 @contextlib.contextmanager
-def _dies_after_loading_then_rejoins(backend):
-    """A gateway, an engine process that loads version 1 and dies of its own SIGKILL before
-    acking it (`dying_engine.py`), and, once it is dead, a worker thread over `backend`
-    registering in its place (as the launcher restarts it, or a frozen engine rejoins).
-    Yields (server, trainer, doomed engine id, dying process, runs); the rejoined worker is
-    ``runs[0]`` once the process died. Everything is stopped on exit."""
+def _gateway_and_dying_engine(die_at: str):
+    """A gateway (heartbeat timeout 60 s: only a broken long poll drops a dead engine in time)
+    and an engine process that loads version 1 and dies of its own SIGKILL at bucket `die_at`
+    ("-1": after the load, before acking it; `dying_engine.py`). Yields (server, trainer,
+    engine channel, dying process, runs): the worker threads the test appends to `runs` are
+    joined on exit, and everything is stopped."""
     server, trainer, engine = h.start_gateway(heartbeat_timeout_s=60.0, max_wait_s=20.0)
     env = {**os.environ, "PYTHONPATH": str(_here.parents[2])}
     argv = [sys.executable, str(_here / "dying_engine.py"), server.address, h.TOKENS["engine"]]
-    dying = subprocess.Popen([*argv, "1", "-1"], stdout=subprocess.PIPE, text=True, env=env)
+    dying = subprocess.Popen([*argv, "1", die_at], stdout=subprocess.PIPE, text=True, env=env)
     runs: list = []
-
-    def rejoin() -> None:
-        dying.wait(60)
-        runs.append(h.WorkerThread(engine, backend, lease_wait_s=0.2))
-
-    rejoiner = threading.Thread(target=rejoin, daemon=True)
     try:
-        doomed = dying.stdout.readline().strip()
-        rejoiner.start()
-        yield server, trainer, doomed, dying, runs
+        yield server, trainer, engine, dying, runs
     finally:
         dying.kill()
-        if rejoiner.ident is not None:
-            rejoiner.join(60)
         trainer.shutdown()
         for r in runs:
             r.join()
@@ -74,17 +64,35 @@ def _dies_after_loading_then_rejoins(backend):
         server.stop(0)
 
 
+@contextlib.contextmanager
+def _dies_after_loading_then_rejoins(backend):
+    """`_gateway_and_dying_engine("-1")`, and, once the engine is dead, a worker thread over
+    `backend` registering in its place (as the launcher restarts it, or a frozen engine
+    rejoins). Yields (server, trainer, doomed engine id, dying process, runs); the rejoined
+    worker is ``runs[0]`` once the process died."""
+    with _gateway_and_dying_engine("-1") as (server, trainer, engine, dying, runs):
+
+        def rejoin() -> None:
+            dying.wait(60)
+            runs.append(h.WorkerThread(engine, backend, lease_wait_s=0.2))
+
+        rejoiner = threading.Thread(target=rejoin, daemon=True)
+        try:
+            doomed = dying.stdout.readline().strip()
+            rejoiner.start()
+            yield server, trainer, doomed, dying, runs
+        finally:
+            dying.kill()
+            if rejoiner.ident is not None:
+                rejoiner.join(60)
+
+
 @pytest.mark.parametrize("min_engines", [1, 3])
 def test_an_engine_killed_during_the_send_is_dropped_and_the_version_commits(model, min_engines):
     path, cfg, decoder = model
-    # heartbeat timeout 60 s: only the broken long poll can drop the dead engine in time
-    server, trainer, engine = h.start_gateway(heartbeat_timeout_s=60.0, max_wait_s=20.0)
-    env = {**os.environ, "PYTHONPATH": str(_here.parents[2])}
-    argv = [sys.executable, str(_here / "dying_engine.py"), server.address, h.TOKENS["engine"]]
-    dying = subprocess.Popen([*argv, "1", "2"], stdout=subprocess.PIPE, text=True, env=env)
     backends = [h.FakeBackend(), h.FakeBackend()]
-    runs = [h.WorkerThread(engine, b, lease_wait_s=0.2) for b in backends]
-    try:
+    with _gateway_and_dying_engine("2") as (server, trainer, engine, dying, runs):
+        runs += [h.WorkerThread(engine, b, lease_wait_s=0.2) for b in backends]
         survivors = sorted(r.wait_registered() for r in runs)
         doomed = dying.stdout.readline().strip()
         transport = GlooTransportConfig(port=0, timeout_s=30, bucket_bytes=BUCKET)
@@ -120,14 +128,6 @@ def test_an_engine_killed_during_the_send_is_dropped_and_the_version_commits(mod
         loaded = sorted(e["engine"] for e in events.events("loaded"))
         assert loaded == survivors
         publisher.close()
-    finally:
-        dying.kill()
-        trainer.shutdown()
-        for r in runs:
-            r.join()
-        trainer.close()
-        engine.close()
-        server.stop(0)
 
 
 def test_the_only_engine_dying_after_the_commit_waits_for_its_restart(model):
