@@ -229,20 +229,20 @@ def decode_attention(
     q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array, cfg: ModelConfig
 ) -> jax.Array:
     """Attention of one query position per row over the whole cache, computed in the cache's
-    own [B, S, K, H] layout: the scores as a multiply and a reduction over H, the softmax over
-    S where the scores lie ([B, S, K, G]), the output as a multiply and a reduction over S.
+    own [B, S, K, H] layout (no transposed copy of the cache), the softmax over S where the
+    scores lie ([B, S, K, G]).
 
-    Written out instead of the einsums of the prefill path (`btkgh,bskh->bkgts` and back):
-    XLA's CPU backend lowers those batched dots (batch dims B and K, a [G, H] x [H, S] product
-    each) by first copying the cache into [B, K, H, S] order, then B·K tiny dots; the
-    multiply-reduce makes the decode step faster (measured in
-    `benchmarks/rollout_throughput.py`). The softmax runs where the scores lie instead of on
-    them transposed to [B, K, G, 1, S], which is faster for the softmax alone; the whole decode
-    step did not measurably move (not profiled further).
-    The products and sums are taken in float32 from the engine-dtype q and cache (exact for
-    bf16: a product of two bf16 values is exact in float32); a bf16 elementwise product on
-    this CPU backend is a float32 product rounded back to bf16, one more pass
-    (`benchmarks/decode_pieces.py`).
+    Two lowerings, chosen by the cache dtype, each the faster one on XLA's CPU backend for
+    its dtype (2-core AMD EPYC with avx512_bf16, SmolLM2 decode step in a compiled loop):
+      - narrower than float32 (bf16): two dots with batch dims (B, K), `bkgh,bskh->bskg` and
+        `bskg,bskh->bkgh`, bf16 operands accumulated in float32 (`preferred_element_type`):
+        196 -> 157 ms a step at 64 rows over 256 slots, 385 -> 289 ms at 128 rows, 90.5 ->
+        77.9 ms at 16 rows over 512 slots;
+      - float32: a multiply and a reduction over H for the scores and over S for the output
+        (240.6 ms a step at 64 rows against 256.4 ms for the dots). The prefill path's
+        einsums (`btkgh,bskh->bkgts`) would first copy the cache into [B, K, H, S] order.
+    Either way every product is exact in float32 (a product of two bf16 values is), and the
+    sums are float32; the two differ only in summation order.
 
     Args:
         q: [B, 1, K, G, H]. keys / values: [B, S, K, H], both in the engine dtype.
@@ -251,11 +251,18 @@ def decode_attention(
     Returns:
         [B, 1, K, G, H] in `values`' dtype (the prefill einsum's "btkgh" layout).
     """
-    f32 = jnp.float32  # converts fused into the multiply-reduce: the cache is read as stored
-    prod = q[:, 0, None, :, :, :].astype(f32) * keys[:, :, :, None, :].astype(f32)
+    f32 = jnp.float32
+    if keys.dtype != f32:
+        qk = q[:, 0].astype(keys.dtype)  # [B, K, G, H]
+        scores = jnp.einsum("bkgh,bskh->bskg", qk, keys, preferred_element_type=f32)
+        probs = attention_probs(scores, mask[:, :, None, None], cfg, axis=1)  # [B, S, K, G]
+        out = jnp.einsum("bskg,bskh->bkgh", probs.astype(values.dtype), values,
+                         preferred_element_type=f32)  # fmt: skip
+        return out.astype(values.dtype)[:, None]  # [B, 1, K, G, H]
+    prod = q[:, 0, None, :, :, :].astype(f32) * keys[:, :, :, None, :]
     scores = jnp.sum(prod, axis=-1)  # [B, S, K, G]
     probs = attention_probs(scores, mask[:, :, None, None], cfg, axis=1)
-    out = jnp.sum(probs[..., None].astype(f32) * values[:, :, :, None, :].astype(f32), axis=1)
+    out = jnp.sum(probs[..., None].astype(f32) * values[:, :, :, None, :], axis=1)
     return out.astype(values.dtype)[:, None]  # [B, 1, K, G, H]
 
 
