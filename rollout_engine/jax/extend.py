@@ -1,7 +1,7 @@
 """Extension prefill: continue samples in the slots whose KV cache already holds a prefix of
 their prompts, running the model only on the new tokens.
 
-Legend: P rows (padded to a power of two), T new-token bucket (a power of two), S cache slots
+Legend: P rows (padded to a power of two), T new-token bucket (`length_bucket`), S cache slots
 (positions), V vocabulary.
 
 A multi-turn episode's next turn is its previous turn's prompt and completion plus the
@@ -27,7 +27,7 @@ from flax import nnx
 
 from models.config import ModelConfig
 from models.kv_cache import KVCache
-from rollout_engine.jax.prefill import PrefillBatch, next_pow2
+from rollout_engine.jax.prefill import PrefillBatch, length_bucket, next_pow2
 from rollout_engine.jax.state import SlotState
 
 
@@ -61,7 +61,8 @@ def _extend(
 
 
 class Extender:
-    """Pads continuations into (P, T) power-of-two buckets and runs the compiled extension.
+    """Pads continuations into (P, T) buckets (P a power of two, T a `length_bucket`) and runs
+    the compiled extension.
 
     Args:
         graphdef: ``nnx.split(decoder)[0]``. cfg: the model config.
@@ -108,7 +109,7 @@ class Extender:
         ends = [a + len(x) for a, x in zip(starts, new_tokens, strict=True)]
         if min(len(x) for x in new_tokens) < 1 or max(ends) > s:
             raise ValueError(f"each continuation needs 1 or more tokens ending by position {s}")
-        t = min(next_pow2(max(len(x) for x in new_tokens), self.min_len), s)
+        t = min(length_bucket(max(len(x) for x in new_tokens), self.min_len), s)
         p = next_pow2(self.batch)
         tokens = np.full((p, t), self.pad_id, np.int32)
         lengths = np.ones(p, np.int32)

@@ -1,10 +1,11 @@
 """Prefill: one forward pass over a right-padded prompt batch, compiled once per shape bucket.
 
-Legend: P prompts (padded to a power of two), T prompt length bucket (a power of two), V vocab,
-D model width.
+Legend: P prompts (padded to a power of two), T prompt length bucket (`length_bucket`: 2**k or
+3 * 2**k), V vocab, D model width.
 
 After the seed write-up "Async RL in Pure JAX" (prefill bucketed to powers of two, so at most
-log2(max_len) compilations per batch size, memoised), with one change: the LM head runs on the
+log2(max_len) compilations per batch size, memoised; here twice that, with the halfway
+buckets), with one change: the LM head runs on the
 last real token of each prompt only, giving the logits of the first completion token, which the
 slot substitution samples (G times per prompt, from one prefill).
 """
@@ -29,6 +30,22 @@ def next_pow2(n: int, minimum: int = 1) -> int:
     """The smallest power of two ``>= max(n, minimum)``."""
     n = max(int(n), int(minimum), 1)
     return 1 << (n - 1).bit_length()
+
+
+def length_bucket(n: int, minimum: int = 1) -> int:
+    """The prompt length bucket of ``n`` tokens: the smallest of the powers of two and their
+    halfway points 3 * 2**k (16, 24, 32, 48, 64, 96, 128, 192, ...) that is ``>= n`` and
+    ``>= minimum`` (itself the smallest bucket).
+
+    Against powers of two alone, a bucket pads at most a third of its length instead of half,
+    for at most twice the compiled shapes: the first 64 GSM8K prompts, prefilled 8 at a time
+    shortest first, pad to 7,424 positions instead of 9,216 (5,800 real tokens).
+    """
+    p = next_pow2(n, minimum)
+    three_quarters = p // 4 * 3
+    if p >= 4 and three_quarters >= max(int(n), int(minimum)):
+        return three_quarters
+    return p
 
 
 @jax.tree_util.register_dataclass
@@ -79,7 +96,8 @@ def _prefill(
 
 
 class Prefiller:
-    """Pads prompts into (P, T) power-of-two buckets and runs the compiled prefill of the bucket.
+    """Pads prompts into (P, T) buckets (P a power of two, T a `length_bucket`) and runs the
+    compiled prefill of the bucket.
 
     Args:
         graphdef: ``nnx.split(decoder)[0]``. cfg: the model config.
@@ -130,7 +148,7 @@ class Prefiller:
             raise ValueError(
                 f"a prompt has {max(lengths)} tokens, more than max_len={self.max_len}"
             )
-        t = min(next_pow2(max(lengths), self.min_len), self.max_len)
+        t = min(length_bucket(max(lengths), self.min_len), self.max_len)
         p = next_pow2(self.batch)
         tokens = np.full((p, t), self.pad_id, np.int32)
         lens = np.ones(p, np.int32)

@@ -64,8 +64,8 @@ def test_every_sample_returned_exactly_once_across_carried_over_batches(tiny) ->
         assert np.all(r.logprobs < 0.0)  # every token was sampled, the last one included
         assert r.forced_positions == ()
         assert r.weight_versions == [(0, 0, n)]
-    # prompts of up to 29 tokens: buckets 16 and 32; prompt batches of at most 3 -> P in {1, 2, 4}
-    assert {t for _, t in b.prefiller.buckets} <= {16, 32}
+    # prompts of up to 29 tokens: buckets 16, 24 and 32; prompt batches of at most 3 -> P 4
+    assert {t for _, t in b.prefiller.buckets} <= {16, 24, 32}
     assert len(b.prefiller.buckets) == len(set(b.prefiller.buckets))
 
 
@@ -231,7 +231,7 @@ def test_decode_rows_bounded_to_the_occupied_slots_give_the_same_samples(tiny) -
 
 def test_prompts_prefilled_at_once_are_chunked_by_length(tiny) -> None:
     """16 prompts alternating 5 and 20 tokens, 8 per prefill call: in arrival order both calls
-    would pad to T = 32; shortest first, one pads to 16 and one to 32. The samples are those of
+    would pad to T = 24; shortest first, one pads to 16 and one to 24. The samples are those of
     one prompt at a time."""
     rng = np.random.default_rng(4)
     reqs = [
@@ -244,7 +244,7 @@ def test_prompts_prefilled_at_once_are_chunked_by_length(tiny) -> None:
     b = ContinuousBatcher(cfg, graphdef, params, bcfg, greedy, StopConfig((EOS,), 1))
     b.submit(reqs)
     together = sorted(b.run_until_idle(), key=lambda r: r.prompt_id)
-    assert b.prefiller.buckets == [(8, 16), (8, 32)]
+    assert b.prefiller.buckets == [(8, 16), (8, 24)]
     assert b.prefilled_rows == 16
     one = _batcher(tiny, 1, greedy)
     for r, out in zip(reqs, together, strict=True):

@@ -12,7 +12,7 @@ from models.checkpoints.tiny import TINY_CONFIGS
 from models.config import ModelConfig
 from models.decoder import Decoder
 from rollout_engine.jax.insert import make_insert
-from rollout_engine.jax.prefill import Prefiller, next_pow2
+from rollout_engine.jax.prefill import Prefiller, length_bucket, next_pow2
 from rollout_engine.jax.sampling import SamplingConfig
 from rollout_engine.jax.state import init_slots
 from rollout_engine.jax.stops import StopConfig
@@ -31,15 +31,27 @@ def test_next_pow2() -> None:
     assert next_pow2(3, minimum=16) == 16
 
 
+def test_length_buckets_are_powers_of_two_and_their_halfway_points() -> None:
+    """16, 24, 32, 48, 64, 96, ...: each the smallest such value holding n (and >= minimum);
+    a bucket never pads more than a third of itself past 16."""
+    assert [length_bucket(n, 16) for n in (1, 16, 17, 24, 25, 33, 49, 65, 100, 158)] == [
+        16, 16, 24, 24, 32, 48, 64, 96, 128, 192,
+    ]  # fmt: skip
+    assert length_bucket(20, 32) == 32  # the minimum is itself the smallest bucket
+    for n in range(17, 2000):
+        b = length_bucket(n, 16)
+        assert b >= n and (b - n) <= b // 3, n
+
+
 def test_prefill_is_compiled_once_per_bucket_and_exact(tiny) -> None:
     cfg, model, graphdef, params = tiny
     pre = Prefiller(graphdef, cfg, pad_id=1, min_len=8, max_len=64, batch=3)
     prompts = [tuple(range(2, 5)), tuple(range(5, 22)), tuple(range(1, 21))]
     out = pre(params, prompts)
-    assert pre.buckets == [(4, 32)]
+    assert pre.buckets == [(4, 24)]  # 20 tokens: the bucket 24 (`length_bucket`)
     pre(params, [(7, 8, 9)])  # T bucket 8
-    pre(params, [tuple(range(3, 30))])  # T bucket 32 again: no new compilation
-    assert pre.buckets == [(4, 8), (4, 32)]
+    pre(params, [tuple(range(3, 26))])  # 23 tokens, T bucket 24 again: no new compilation
+    assert pre.buckets == [(4, 8), (4, 24)]
     np.testing.assert_array_equal(out.lengths, [3, 17, 20, 1])
     for i, p in enumerate(prompts):
         seq = jnp.asarray([p], jnp.int32)
