@@ -24,6 +24,13 @@ one pass over all prompts submitted at once:
   fetching the groups over gRPC as the trainer does (`run_bridge`);
   ``bridge_over_bare_vllm`` is its tokens/s over bare's.
 
+Each measurement (the JAX engine on one workload, vLLM in one dtype on one workload, bare,
+bridge) runs in a fresh child process of this script (`measure_in_child`), one after another,
+so no engine measures beside another's threads, compiled programs or held memory: in one
+process, the JAX engine's eval figure after the random workload and vLLM was 153.0 tokens/s
+against 199.3 measured alone (2-core AMD EPYC, avx512_bf16). ``--in-process`` runs them all
+in this process as before.
+
 Every vLLM engine runs with `common.CPU_ENV` (1 GiB KV cache, OpenMP threads bound to cores
 0-1, no core reserved) and is shut down, its processes gone, before the next starts.
 Without those variables vLLM's "auto" binding reserves one of the 2 cores for its scheduler
@@ -38,13 +45,15 @@ Roofline of the JAX decode step: the bytes one step reads (all weights, plus the
 cache: at this script's cache length of 64 + max_tokens the attention bound,
 `BatcherConfig.kv_bucket`, covers every slot) over the memory bandwidth measured in the same
 run, and, since a CPU decode step of many rows is compute-bound, its FLOPs (2 per param per
-row, plus attention over the whole cache) over the rate of a decode-shaped matmul measured in
+row, plus attention over the whole cache) over the rate of a decode-shaped matmul in the
+engine's `--dtype` (bf16 operands accumulated in fp32, as the engine multiplies) measured in
 the same run; the roofline is the larger of the two and ``roofline_fraction`` = roofline /
 measured step.
 
 Usage: python benchmarks/rollout_throughput.py [--model smollm2|tiny|HF_DIR]
     [--engines jax,vllm,bare,bridge] [--vllm-dtypes bfloat16,float32] [--prompts 64] [--samples 4]
     [--max-tokens 128] [--slots 128] [--dtype float32] [--workload random|eval|both]
+    [--in-process]
 
 ``--workload eval``: the first ``--prompts`` GSM8K problems as the eval job encodes them (chat
 template; the file from `trainer.eval.benchmarks.benchmark_file`, so JAXRL_DATA_DIR must name
@@ -71,8 +80,11 @@ import dataclasses
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Literal, cast
 
@@ -200,7 +212,7 @@ def run_jax(path: Path, w: Workload, args) -> dict[str, float]:
         "param_bytes": param_bytes,
         "kv_bytes": kv_bytes,
         "step_flops": flops,
-        "matmul_flops_per_s": matmul_rate(args.slots, cfg.hidden_size, cfg.vocab_size),
+        "matmul_flops_per_s": matmul_rate(args.slots, cfg.hidden_size, cfg.vocab_size, args.dtype),
     }
 
 
@@ -221,11 +233,14 @@ def decode_step(cfg, graphdef, params, ecfg: EngineConfig, prompts, max_tokens: 
     return step_s, sum(int(x.nbytes) for x in jax.tree.leaves(b.state.cache))
 
 
-def matmul_rate(b: int, d: int, v: int, repeats: int = 5) -> float:
-    """FLOP/s of a decode-shaped fp32 matmul ``[b, d] x [d, v]`` in JAX (median)."""
-    x = jnp.ones((b, d), jnp.float32)
-    w = jnp.ones((d, v), jnp.float32)
-    f = jax.jit(jnp.dot)
+def matmul_rate(b: int, d: int, v: int, dtype: str = "float32", repeats: int = 5) -> float:
+    """FLOP/s of a decode-shaped matmul ``[b, d] x [d, v]`` in JAX (median), its operands in
+    `dtype` and accumulated in float32, as the engine's projections multiply
+    (`models.layers.project`): the compute rate of the engine's own dtype (on a 2-core AMD
+    EPYC with avx512_bf16, about 280 GFLOP/s in bf16 against 160 in fp32)."""
+    x = jnp.ones((b, d), dtype)
+    w = jnp.ones((d, v), dtype)
+    f = jax.jit(partial(jnp.dot, preferred_element_type=jnp.float32))
     f(x, w).block_until_ready()
     times = []
     for _ in range(repeats):
@@ -378,6 +393,54 @@ def run_bridge(path: Path, prompts, args, dtype: VllmDtype = "bfloat16") -> floa
     return tokens / wall
 
 
+def measure(spec: str, path: Path, workloads: dict[str, Workload], args) -> dict[str, float]:
+    """One measurement of the run, named by `spec`: ``jax:<workload>`` (`run_jax`'s figures),
+    ``vllm:<dtype>:<workload>``, ``bare`` or ``bridge`` (``{"tokens_per_s": ...}``)."""
+    kind, *rest = spec.split(":")
+    if kind == "jax":
+        return run_jax(path, workloads[rest[0]], args)
+    os.environ.update(CPU_ENV)
+    prompts = make_prompts(
+        args.prompts, int(json.loads((path / "config.json").read_text())["vocab_size"])
+    )
+    if kind == "vllm":
+        return {"tokens_per_s": run_vllm(path, workloads[rest[1]], cast(VllmDtype, rest[0]))}
+    if kind == "bare":
+        return {"tokens_per_s": run_bare_vllm(path, prompts, args)}
+    if kind == "bridge":
+        return {"tokens_per_s": run_bridge(path, prompts, args)}
+    raise ValueError(f"unknown measurement {spec!r}")
+
+
+#: The line a child process prints its figures on (`--child`), then JSON.
+CHILD_MARK = "ROLLOUT_THROUGHPUT_CHILD "
+
+
+def measure_in_child(spec: str) -> dict[str, float]:
+    """`measure(spec)` in a fresh Python process (this script with ``--child spec`` and this
+    run's other arguments): each engine starts on a machine with no other engine's threads,
+    caches, compiled programs or freed-but-held memory around, whatever ran before it.
+
+    Raises:
+        RuntimeError: the child failed or printed no figures (its output's tail is in the
+            message).
+    """
+    argv = list(sys.argv[1:])
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), *argv, "--child", spec],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False,
+    )  # fmt: skip
+    lines = proc.stdout.splitlines()
+    for line in lines:
+        if not line.startswith(CHILD_MARK):
+            print(line, flush=True)
+    marked = [line for line in lines if line.startswith(CHILD_MARK)]
+    if proc.returncode != 0 or not marked:
+        tail = "\n".join(lines[-20:])
+        raise RuntimeError(f"measurement {spec} exited {proc.returncode}:\n{tail}")
+    return json.loads(marked[-1][len(CHILD_MARK) :])
+
+
 def main() -> None:
     """Runs the engines asked for and prints the figures and ratios as JSON on the last line."""
     parser = argparse.ArgumentParser()
@@ -398,6 +461,13 @@ def main() -> None:
         help="random: random prompts, EOS ignored; eval: GSM8K prompts, greedy, EOS on "
         "(keys suffixed _eval; bare and bridge run on random only); both: one after the other",
     )
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run every measurement in this process, one after another (default: each in a "
+        "fresh child process)",
+    )
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.max_tokens < 24:
         parser.error("--max-tokens must be >= 24 (the step timing runs 16 decode steps)")
@@ -411,12 +481,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = model_path(args.model, Path(tmp))
         vocab = json.loads((path / "config.json").read_text())["vocab_size"]
-        workloads = []
+        workloads: dict[str, Workload] = {}
         if args.workload in ("random", "both"):
-            workloads.append(random_workload(vocab, args))
+            workloads["random"] = random_workload(vocab, args)
         if args.workload in ("eval", "both"):
-            workloads.append(eval_workload(path, args))
-        prompts = make_prompts(args.prompts, vocab)
+            workloads["eval"] = eval_workload(path, args)
+        if args.child is not None:
+            print(CHILD_MARK + json.dumps(measure(args.child, path, workloads, args)), flush=True)
+            return
+        run = (
+            (lambda spec: measure(spec, path, workloads, args))
+            if args.in_process
+            else measure_in_child
+        )
         out: dict[str, object] = {
             "model": args.model,
             "jax_dtype": args.dtype,
@@ -425,19 +502,20 @@ def main() -> None:
             "samples": args.samples,
             "max_tokens": args.max_tokens,
             "slots": args.slots,
+            "isolated": not args.in_process,
         }
         bandwidth = memory_bandwidth() if "jax" in engines else 0.0
-        for w in workloads:
+        for w in workloads.values():
             x = w.suffix
             if "jax" in engines:
-                figures = run_jax(path, w, args)
+                figures = run(f"jax:{w.name}")
                 memory_s = (figures["param_bytes"] + figures["kv_bytes"]) / bandwidth
                 compute_s = figures["step_flops"] / figures["matmul_flops_per_s"]
                 roofline = max(memory_s, compute_s)
                 print(
                     f"{w.name}: bandwidth {bandwidth / 1e9:.1f} GB/s -> {memory_s * 1e3:.2f} ms; "
-                    f"matmul {figures['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s -> "
-                    f"{compute_s * 1e3:.2f} ms"
+                    f"matmul ({args.dtype}) {figures['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s "
+                    f"-> {compute_s * 1e3:.2f} ms"
                 )
                 out.update({k + x: v for k, v in figures.items()})
                 out["bandwidth_GBps"] = bandwidth / 1e9
@@ -446,16 +524,15 @@ def main() -> None:
                 out["roofline_step_s" + x] = roofline
                 out["roofline_fraction" + x] = roofline / figures["decode_step_s"]
             if engines & {"vllm", "bare", "bridge"}:
-                os.environ.update(CPU_ENV)
                 out["vllm_env"] = dict(CPU_ENV)
             tps: dict[str, float] = {}
             if "vllm" in engines:
                 for dtype in vllm_dtypes:
-                    tps[f"vllm_{SHORT[dtype]}"] = run_vllm(path, w, dtype)
+                    tps[f"vllm_{SHORT[dtype]}"] = run(f"vllm:{dtype}:{w.name}")["tokens_per_s"]
             if w.name == "random" and "bare" in engines:
-                tps["bare_vllm_bf16"] = run_bare_vllm(path, prompts, args)
+                tps["bare_vllm_bf16"] = run("bare")["tokens_per_s"]
             if w.name == "random" and "bridge" in engines:
-                tps["bridge_vllm_bf16"] = run_bridge(path, prompts, args)
+                tps["bridge_vllm_bf16"] = run("bridge")["tokens_per_s"]
             out.update({f"{k}_tokens_per_s{x}": v for k, v in tps.items()})
             jax_tps = out.get("jax_tokens_per_s" + x)
             for key in ("vllm_bf16", "vllm_fp32", "vllm_fp16"):
