@@ -241,8 +241,9 @@ def decode_attention(
       - float32: a multiply and a reduction over H for the scores and over S for the output
         (240.6 ms a step at 64 rows against 256.4 ms for the dots). The prefill path's
         einsums (`btkgh,bskh->bkgts`) would first copy the cache into [B, K, H, S] order.
-    Either way every product is exact in float32 (a product of two bf16 values is), and the
-    sums are float32; the two differ only in summation order.
+    The bf16 dots' products are exact in float32 (a product of two bf16 values is) and their
+    sums float32, so they differ from the multiply-reduce of the same bf16 values only in
+    summation order.
 
     Args:
         q: [B, 1, K, G, H]. keys / values: [B, S, K, H], both in the engine dtype.
