@@ -393,16 +393,16 @@ def run_bridge(path: Path, prompts, args, dtype: VllmDtype = "bfloat16") -> floa
     return tokens / wall
 
 
-def measure(spec: str, path: Path, workloads: dict[str, Workload], args) -> dict[str, float]:
+def measure(
+    spec: str, path: Path, workloads: dict[str, Workload], prompts: list[tuple[int, ...]], args
+) -> dict[str, float]:
     """One measurement of the run, named by `spec`: ``jax:<workload>`` (`run_jax`'s figures),
-    ``vllm:<dtype>:<workload>``, ``bare`` or ``bridge`` (``{"tokens_per_s": ...}``)."""
+    ``vllm:<dtype>:<workload>``, ``bare`` or ``bridge`` on the random `prompts`
+    (``{"tokens_per_s": ...}``)."""
     kind, *rest = spec.split(":")
     if kind == "jax":
         return run_jax(path, workloads[rest[0]], args)
     os.environ.update(CPU_ENV)
-    prompts = make_prompts(
-        args.prompts, int(json.loads((path / "config.json").read_text())["vocab_size"])
-    )
     if kind == "vllm":
         return {"tokens_per_s": run_vllm(path, workloads[rest[1]], cast(VllmDtype, rest[0]))}
     if kind == "bare":
@@ -481,16 +481,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = model_path(args.model, Path(tmp))
         vocab = json.loads((path / "config.json").read_text())["vocab_size"]
-        workloads: dict[str, Workload] = {}
-        if args.workload in ("random", "both"):
-            workloads["random"] = random_workload(vocab, args)
-        if args.workload in ("eval", "both"):
-            workloads["eval"] = eval_workload(path, args)
+        # a child builds only its own workload (the last field of its spec, if any)
+        wanted = {"random", "eval"} if args.workload == "both" else {args.workload}
         if args.child is not None:
-            print(CHILD_MARK + json.dumps(measure(args.child, path, workloads, args)), flush=True)
+            wanted &= {args.child.split(":")[-1]}
+        workloads: dict[str, Workload] = {}
+        if "random" in wanted:
+            workloads["random"] = random_workload(vocab, args)
+        if "eval" in wanted:
+            workloads["eval"] = eval_workload(path, args)
+        prompts = make_prompts(args.prompts, vocab)
+        if args.child is not None:
+            figures = measure(args.child, path, workloads, prompts, args)
+            print(CHILD_MARK + json.dumps(figures), flush=True)
             return
         run = (
-            (lambda spec: measure(spec, path, workloads, args))
+            (lambda spec: measure(spec, path, workloads, prompts, args))
             if args.in_process
             else measure_in_child
         )
