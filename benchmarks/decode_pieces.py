@@ -79,7 +79,7 @@ def pieces(
     dt = jnp.dtype(cfg.dtype)
     k, g, h = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
     q = jnp.ones((rows, 1, k, g, h), dt)
-    keys = jnp.ones((rows, slots, k, h), dt)
+    keys = jnp.ones((rows, k, slots, h), dt)  # the head-major cache (`models.kv_cache`)
     mask = jnp.ones((rows, slots), bool)
     attention = jax.jit(lambda q, kv: decode_attention(q, kv, kv, mask, cfg))
     h_states = hidden(params, cache)

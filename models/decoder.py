@@ -126,8 +126,8 @@ class Decoder(nnx.Module):
         copy of the layer params per call), and `remat` (a `models.scan.REMAT_POLICIES`
         name) checkpoints each layer for the backward pass; the trainer's forward uses both.
         With a cache (the JAX engine's prefill and decode) the layers run in a Python loop:
-        each layer reads and writes its own cache entry (`KVCache` holds one [B, S, K, H]
-        pair per layer), and `scan_layers` / `remat` are ignored there.
+        each layer reads and writes its own cache entry (`KVCache` holds one head-major
+        [B, K, S, H] pair per layer), and `scan_layers` / `remat` are ignored there.
 
         Raises:
             ValueError: an unknown remat name.

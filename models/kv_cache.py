@@ -23,7 +23,9 @@ from models.config import ModelConfig
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class KVCache:
-    """Per-layer keys and values, each [B, S, K, H] in the cache dtype.
+    """Per-layer keys and values, each head-major [B, K, S, H] in the cache dtype (each KV
+    head's S slots contiguous, so a decode step's attention is a plain product per row and
+    head: `models.layers.decode_attention`).
 
     Slot s of row b holds the key/value of the token at absolute position s of that row;
     a call writes its tokens at slots `positions` and attends to slots <= its positions,
@@ -49,7 +51,7 @@ class KVCache:
 
         Memory: 2 · L · B · S · K · H · itemsize bytes.
         """
-        shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+        shape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
         dt = storage_dtype(dtype or cfg.dtype, bits)
         return cls(
             k=tuple(jnp.zeros(shape, dt) for _ in range(cfg.num_layers)),
@@ -59,7 +61,7 @@ class KVCache:
     @property
     def max_len(self) -> int:
         """Number of slots S."""
-        return int(self.k[0].shape[1])
+        return int(self.k[0].shape[2])
 
 
 def storage_dtype(dtype: str | jnp.dtype, bits: bool) -> jnp.dtype:

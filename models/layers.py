@@ -141,7 +141,8 @@ class Attention(nnx.Module):
         kv_len: int | None = None,
         block: int = 0,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-        """x: [B, T, D]; positions: [B, T] int32; kv: this layer's cache ([B, S, K, H] ×2) or None.
+        """x: [B, T, D]; positions: [B, T] int32; kv: this layer's cache ([B, K, S, H] ×2,
+        head-major: `models.kv_cache`) or None.
 
         `kv_len` (static, <= S) bounds the attention to cache slots [0, kv_len): every query
         position must be below it (slots past a query are masked anyway, so the result is
@@ -177,29 +178,35 @@ class Attention(nnx.Module):
         if kv is None:
             keys, values, k_pos = k, v, positions
         else:
+            # the cache is head-major [B, K, S, H]: row b's (T, K, H) entries go to slots
+            # positions[b] (advanced indices around a slice index [B, T] + [K, H])
             rows = jnp.arange(x.shape[0])[:, None]  # [B, 1]
-            keys = kv[0].at[rows, positions].set(to_storage(k, kv[0]), mode="drop")
-            values = kv[1].at[rows, positions].set(to_storage(v, kv[1]), mode="drop")
+            keys = kv[0].at[rows, :, positions].set(to_storage(k, kv[0]), mode="drop")
+            values = kv[1].at[rows, :, positions].set(to_storage(v, kv[1]), mode="drop")
             kv = (keys, values)
-            if kv_len is not None and kv_len < keys.shape[1]:
-                keys, values = keys[:, :kv_len], values[:, :kv_len]
-            slots = keys.shape[1]
+            if kv_len is not None and kv_len < keys.shape[2]:
+                keys, values = keys[:, :, :kv_len], values[:, :, :kv_len]
+            slots = keys.shape[2]
             k_pos = jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32), (x.shape[0], slots))
         window = cfg.sliding_window if self.sliding else None
         B, T, N, H = q.shape
-        K = keys.shape[2]
+        K = k.shape[2]
         qg = q.reshape(B, T, K, N // K, H).astype(dt)  # [B, T, K, G, H]
         if kv is None and 0 < block < T:  # the queries' own keys, `block` at a time
             keys, values = keys.astype(dt), values.astype(dt)
             out = blockwise_attention(qg, keys, values, positions, cfg, window, block)
-        elif T == 1 and kv is not None:  # one query over the cache, in its own layout
+        elif kv is None:  # the queries' own keys [B, T, K, H], every score at once
+            mask = attention_mask(positions, k_pos, window)  # [B, T, T]
+            out = dense_attention(qg, keys.astype(dt), values.astype(dt), mask, cfg)
+        elif T == 1:  # one query over the cache
             mask = attention_mask(positions, k_pos, window)  # [B, 1, S]
             out = decode_attention(
                 qg, from_storage(keys, dt), from_storage(values, dt), mask[:, 0], cfg
             )
-        else:
+        else:  # a prompt (or an episode's next turn) over the cache
             mask = attention_mask(positions, k_pos, window)  # [B, T, S]
-            out = dense_attention(qg, from_storage(keys, dt), from_storage(values, dt), mask, cfg)
+            keys, values = from_storage(keys, dt), from_storage(values, dt)
+            out = dense_attention(qg, keys, values, mask, cfg, head_major=True)
         out = out.reshape(B, T, N, H)
         y = self.o("btnh,nhd->btd", out, dt)  # [B, T, D] float32
         if cfg.output_bias:
@@ -208,62 +215,65 @@ class Attention(nnx.Module):
 
 
 def dense_attention(
-    q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array, cfg: ModelConfig
+    q: jax.Array,
+    keys: jax.Array,
+    values: jax.Array,
+    mask: jax.Array,
+    cfg: ModelConfig,
+    *,
+    head_major: bool = False,
 ) -> jax.Array:
     """Attention of T queries over S key slots with every score materialised ([B, K, G, T, S]
-    float32): the prefill and short-sequence path.
+    float32): the train forward's and the prefill's path.
 
     Args:
-        q: [B, T, K, G, H]. keys / values: [B, S, K, H], all in the model dtype.
+        q: [B, T, K, G, H]. keys / values: [B, S, K, H] (the train forward: the queries' own
+            keys), or with `head_major` [B, K, S, H] (a KV cache, `models.kv_cache`); all in
+            the model dtype.
         mask: [B, T, S] bool, the key slots each query sees (`scores.attention_mask`).
 
     Returns:
         [B, T, K, G, H] in the model dtype.
     """
-    scores = jnp.einsum("btkgh,bskh->bkgts", q, keys).astype(jnp.float32)
+    kv = "bksh" if head_major else "bskh"
+    scores = jnp.einsum(f"btkgh,{kv}->bkgts", q, keys).astype(jnp.float32)
     probs = attention_probs(scores, mask[:, None, None], cfg, axis=-1)
-    return jnp.einsum("bkgts,bskh->btkgh", probs, values)
+    return jnp.einsum(f"bkgts,{kv}->btkgh", probs, values)
 
 
 def decode_attention(
     q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array, cfg: ModelConfig
 ) -> jax.Array:
-    """Attention of one query position per row over the whole cache, computed in the cache's
-    own [B, S, K, H] layout (no transposed copy of the cache), the softmax over S where the
-    scores lie ([B, S, K, G]).
+    """Attention of one query position per row over the whole head-major cache: for each row
+    and KV head, two plain matrix products, [G, H] x [H, S] for the scores and [G, S] x [S, H]
+    for the output (batch dims B, K leading, so XLA's CPU dot runs them without moving the
+    cache), operands in the cache dtype, accumulated in float32 (`preferred_element_type`),
+    the softmax over S in float32.
 
-    Two lowerings, chosen by the cache dtype, each the faster one on XLA's CPU backend for
-    its dtype (2-core AMD EPYC with avx512_bf16, SmolLM2 decode step in a compiled loop):
-      - narrower than float32 (bf16): two dots with batch dims (B, K), `bkgh,bskh->bskg` and
-        `bskg,bskh->bkgh`, bf16 operands accumulated in float32 (`preferred_element_type`):
-        196 -> 157 ms a step at 64 rows over 256 slots, 385 -> 289 ms at 128 rows, 90.5 ->
-        77.9 ms at 16 rows over 512 slots;
-      - float32: a multiply and a reduction over H for the scores and over S for the output
-        (240.6 ms a step at 64 rows against 256.4 ms for the dots). The prefill path's
-        einsums (`btkgh,bskh->bkgts`) would first copy the cache into [B, K, H, S] order.
-    The bf16 dots' products are exact in float32 (a product of two bf16 values is) and their
-    sums float32, so they differ from the multiply-reduce of the same bf16 values only in
-    summation order.
+    Why head-major: over a [B, S, K, H] cache (batch dims B, K not leading) XLA's CPU backend
+    first copies each layer's cache into [B, K, S, H] order, every step. Measured on a 2-core
+    AMD EPYC with avx512_bf16, SmolLM2 bf16 (K = 3, G = 3, H = 64): in the compiled decode
+    loop at 64 rows over 288 slots (XLA's per-thunk trace) the transposing copy took 65 ms
+    a step, the bitcast of the uint16 cache that replaces it 25 ms; all thunks 273 -> 212
+    CPU-ms a step, wall 211 -> 191 ms. One layer's attention x 30 alone: bf16 128 x 192
+    161 -> 88 ms, 64 x 288 100 -> 43 ms; float32 64 x 288 116 -> 59 ms (against the
+    multiply-reduce the float32 cache used before). A product of two bf16 values is exact in
+    float32 and the sums are float32, so bf16 operands differ from a float32 product of the
+    same values only in summation order.
 
     Args:
-        q: [B, 1, K, G, H]. keys / values: [B, S, K, H], both in the engine dtype.
+        q: [B, 1, K, G, H]. keys / values: [B, K, S, H], both in the engine dtype.
         mask: [B, S] bool, the key slots the query sees.
 
     Returns:
-        [B, 1, K, G, H] in `values`' dtype (the prefill einsum's "btkgh" layout).
+        [B, 1, K, G, H] in `values`' dtype (the dense path's "btkgh" layout).
     """
     f32 = jnp.float32
-    if keys.dtype != f32:
-        qk = q[:, 0].astype(keys.dtype)  # [B, K, G, H]
-        scores = jnp.einsum("bkgh,bskh->bskg", qk, keys, preferred_element_type=f32)
-        probs = attention_probs(scores, mask[:, :, None, None], cfg, axis=1)  # [B, S, K, G]
-        out = jnp.einsum("bskg,bskh->bkgh", probs.astype(values.dtype), values,
-                         preferred_element_type=f32)  # fmt: skip
-        return out.astype(values.dtype)[:, None]  # [B, 1, K, G, H]
-    prod = q[:, 0, None, :, :, :].astype(f32) * keys[:, :, :, None, :]
-    scores = jnp.sum(prod, axis=-1)  # [B, S, K, G]
-    probs = attention_probs(scores, mask[:, :, None, None], cfg, axis=1)
-    out = jnp.sum(probs[..., None].astype(f32) * values[:, :, :, None, :], axis=1)
+    qk = q[:, 0].astype(keys.dtype)  # [B, K, G, H]
+    scores = jnp.einsum("bkgh,bksh->bkgs", qk, keys, preferred_element_type=f32)
+    probs = attention_probs(scores, mask[:, None, None], cfg, axis=-1)  # [B, K, G, S]
+    out = jnp.einsum("bkgs,bksh->bkgh", probs.astype(values.dtype), values,
+                     preferred_element_type=f32)  # fmt: skip
     return out.astype(values.dtype)[:, None]  # [B, 1, K, G, H]
 
 

@@ -51,10 +51,10 @@ def _extend(
     with jax.named_scope("extend"):
         hidden, cache = model.hidden(tokens, positions, rows)  # [P, T, D], rows [P, S]
     last = hidden[jnp.arange(p), lengths - 1]  # [P, D]
-    at = jnp.minimum(positions, s - 1)[:, :, None, None]  # [P, T, 1, 1] window of new tokens
+    at = jnp.minimum(positions, s - 1)[:, None, :, None]  # [P, 1, T, 1] window of new tokens
 
     def window(x: jax.Array) -> jax.Array:
-        return jnp.take_along_axis(x, at, axis=1)  # [P, S, K, H] -> [P, T, K, H]
+        return jnp.take_along_axis(x, at, axis=2)  # [P, K, S, H] -> [P, K, T, H]
 
     new = KVCache(k=tuple(map(window, cache.k)), v=tuple(map(window, cache.v)))
     return PrefillBatch(new, model.logits(last), start + lengths, positions)

@@ -120,7 +120,7 @@ def scatter_rows(state: SlotState, upd: SlotUpdate, slots: jax.Array) -> SlotSta
     cache kept); positions beyond the prompt hold garbage that decode overwrites before it is
     attended.
     """
-    t = upd.k[0].shape[1] if upd.k else 0
+    t = upd.k[0].shape[2] if upd.k else 0
     if t > state.max_len:
         raise ValueError(f"prompt bucket {t} exceeds the slot cache length {state.max_len}")
 
@@ -130,8 +130,11 @@ def scatter_rows(state: SlotState, upd: SlotUpdate, slots: jax.Array) -> SlotSta
     def put_kv(dst: jax.Array, src: jax.Array) -> jax.Array:
         src = to_storage(src, dst)  # a bits cache (uint16) takes the bfloat16 bits
         if upd.positions is not None:  # [n, T] window; padding positions (S) are dropped
-            return dst.at[slots[:, None], upd.positions].set(src, mode="drop")
-        return dst.at[slots, :t].set(src, mode="drop")
+            # advanced indices around a slice index [n, T] + [K, H]: src [n, K, T, H] swapped
+            return dst.at[slots[:, None], :, upd.positions].set(
+                jnp.swapaxes(src, 1, 2), mode="drop"
+            )
+        return dst.at[slots, :, :t].set(src, mode="drop")
 
     cache = type(state.cache)(
         k=tuple(put_kv(d, s) for d, s in zip(state.cache.k, upd.k, strict=True)),

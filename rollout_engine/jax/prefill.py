@@ -54,7 +54,8 @@ class PrefillBatch:
     """A prefilled prompt batch, ready to be substituted into slots.
 
     Attributes:
-        cache: per layer ``[P, T, K, H]``; positions ``>= lengths[p]`` of row p hold garbage.
+        cache: per layer ``[P, K, T, H]`` (head-major, `models.kv_cache`); positions
+            ``>= lengths[p]`` of row p hold garbage.
         last_logits: ``[P, V]`` float32, the logits after the last real token of each prompt.
         lengths: ``[P]`` int32, the prompt lengths (1 for padding rows).
         positions: ``[P, T]`` int32, the slot cache position of each of the T cache entries

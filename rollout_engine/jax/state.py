@@ -22,7 +22,8 @@ class SlotState:
     """Per-slot decode state (a pytree; every leaf has the slot axis B first).
 
     Attributes:
-        cache: the KV cache, per layer ``[B, S, K, H]``; slot index == absolute position.
+        cache: the KV cache, per layer ``[B, K, S, H]`` (head-major, `models.kv_cache`);
+            slot index == absolute position.
         last: ``[B]`` int32, the last emitted token, fed at the next step (not yet in the cache).
         pos: ``[B]`` int32, the position of ``last`` (prompt length + completion tokens - 1).
         gen_len: ``[B]`` int32, completion tokens emitted so far.
@@ -77,7 +78,7 @@ class SlotState:
     @property
     def max_len(self) -> int:
         """S, the number of cache positions."""
-        return int(self.cache.k[0].shape[1])
+        return int(self.cache.k[0].shape[2])
 
 
 def init_slots(

@@ -6,7 +6,7 @@ axes each declared (`models.axes`) through the one rules table the trainer uses
 (`models.axes.LOGICAL_AXIS_RULES`, `models.sharding.param_sharding`): heads, kv_heads, mlp and
 vocab over "tp" (Megatron-LM, Shoeybi et al. 2019, arXiv:1909.08053); the trainer's "fsdp",
 "dp" and "ep" are not axes of this mesh, so every other axis is replicated. The slots (the
-decode state's first axis B) are split over "data"; the KV cache ``[B, S, K, H]`` is split over
+decode state's first axis B) are split over "data"; the KV cache ``[B, K, S, H]`` is split over
 "data" on B and over "tp" on the KV heads K, so a tp rank keeps only its own heads' cache.
 
 KV-head replication (as vLLM's `QKVParallelLinear` does): a model with fewer KV heads K than tp
@@ -14,7 +14,7 @@ KV-head replication (as vLLM's `QKVParallelLinear` does): a model with fewer KV 
 times in place (`np.repeat` on the K axis of the k/v kernels [D, K, H] and biases [K, H]: new
 head j is old head j // r). Query head n then reads new head n // (N / tp), whose source is n //
 (N / K), the head it reads in the model itself, so the outputs are exact; the replica's
-`model_cfg` (`ReplicaLayout.model_cfg`) says num_kv_heads = tp, and its KV cache ``[B, S, tp,
+`model_cfg` (`ReplicaLayout.model_cfg`) says num_kv_heads = tp, and its KV cache ``[B, tp, S,
 H]`` holds on each tp rank the cache of the one KV head that rank's query heads use. Rank t so
 holds head t // r, the layout of `mappings.shards`' "kv" kind (vLLM's ranks). Every params
 version is repeated on its way in (`place_params`), so callers keep handing the model's own
@@ -181,13 +181,13 @@ def _repeat_kv_heads(key: tuple, value: Any, axis: int, layout: ReplicaLayout) -
 
 def state_sharding(state: Any, mesh: Mesh) -> Any:
     """Shardings of a `SlotState` on a replica `mesh`: every leaf split over "data" on its slot
-    axis B; the KV cache's ``[B, S, K, H]`` leaves also over "tp" on K (K the replica's
+    axis B; the KV cache's ``[B, K, S, H]`` leaves also over "tp" on K (K the replica's
     `ReplicaLayout.model_cfg` num_kv_heads: tp or a multiple of it)."""
 
     def spec(path: tuple, leaf: jax.Array) -> NamedSharding:
         in_cache = any(getattr(p, "name", None) == "cache" for p in path)
         if in_cache and leaf.ndim == 4:
-            return NamedSharding(mesh, P("data", None, "tp", None))
+            return NamedSharding(mesh, P("data", "tp", None, None))
         return NamedSharding(mesh, P("data"))
 
     return jax.tree_util.tree_map_with_path(spec, state)

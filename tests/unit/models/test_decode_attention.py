@@ -1,6 +1,6 @@
-"""`models.layers.decode_attention` (one query per row over the cache, in its [B, S, K, H]
-layout) against the dense path of the prefill (`dense_attention`), for both of its lowerings:
-the dots of a bf16 cache and the multiply-reduce of a float32 one."""
+"""`models.layers.decode_attention` (one query per row over the head-major [B, K, S, H] cache)
+and `dense_attention` over that cache (`head_major=True`, the prefill's) against the train
+forward's dense path over the same keys in [B, S, K, H] order, in float32 and bf16."""
 
 import dataclasses
 
@@ -41,11 +41,17 @@ def test_decode_attention_equals_the_dense_path(tiny_checkpoint, dtype, softcap,
     slots = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
     mask = attention_mask(positions, slots, window)  # [B, 1, S]
 
-    got = jax.jit(lambda *a: decode_attention(*a, cfg))(q, keys, values, mask[:, 0])
+    keys_hm, values_hm = jnp.swapaxes(keys, 1, 2), jnp.swapaxes(values, 1, 2)  # [B, K, S, H]
+    got = jax.jit(lambda *a: decode_attention(*a, cfg))(q, keys_hm, values_hm, mask[:, 0])
     want = dense_attention(q, keys, values, mask, cfg)  # [B, 1, K, G, H]
     assert got.shape == (B, 1, K, G, H) and got.dtype == dt
     diff = jnp.abs(got.astype(jnp.float32) - want.astype(jnp.float32))
     assert float(diff.max()) <= tol * max(1.0, float(jnp.abs(want.astype(jnp.float32)).max()))
+    # the dense path over the head-major cache is the same products in the same order
+    cached = dense_attention(q, keys_hm, values_hm, mask, cfg, head_major=True)
+    np.testing.assert_allclose(
+        np.asarray(cached, np.float32), np.asarray(want, np.float32), rtol=0, atol=1e-6
+    )
     # row 0 sees slot 0 only: its output is that slot's values exactly (probability 1)
     first = jnp.broadcast_to(values[0, 0][:, None, :], (K, G, H))
     np.testing.assert_array_equal(np.asarray(got[0, 0]), np.asarray(first))

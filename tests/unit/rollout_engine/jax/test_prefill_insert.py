@@ -109,5 +109,5 @@ def test_sharded_substitution_matches_plain_and_moves_nothing(tiny) -> None:
     np.testing.assert_array_equal(plain.pos, [3, 0, 0, 0, 0, 5, 5, 0])
     np.testing.assert_array_equal(plain.gen_len, [1, 0, 0, 0, 0, 1, 1, 0])
     # slot 5 took prompt row 1: its first 8 cache positions are that row of the prefill
-    np.testing.assert_array_equal(plain.cache.k[0][5, :8], pre.cache.k[0][1])
+    np.testing.assert_array_equal(plain.cache.k[0][5, :, :8], pre.cache.k[0][1])
     np.testing.assert_array_equal(plain.cache.k[0][1], np.zeros_like(plain.cache.k[0][1]))

@@ -69,7 +69,7 @@ def _engine(cfg, params, d: int, tp: int) -> JaxEngine:
 
 
 def _assert_sharded(engine: JaxEngine, cfg: ModelConfig, tp: int) -> None:
-    """q's kernel [D, N, H] split over "tp" on the heads; the KV cache [B, S, K, H] on K."""
+    """q's kernel [D, N, H] split over "tp" on the heads; the KV cache [B, K, S, H] on K."""
     batcher = engine.replicas[0]
     q = batcher.params["layers"][0]["attn"]["q"]["kernel"].get_value()
     assert q.sharding.spec == jax.sharding.PartitionSpec(None, "tp", None)
@@ -78,7 +78,7 @@ def _assert_sharded(engine: JaxEngine, cfg: ModelConfig, tp: int) -> None:
     k = batcher.state.cache.k[0]
     data = batcher.mesh.shape["data"]
     assert {s.data.shape for s in k.addressable_shards} == {
-        (4 // data, 48, max(cfg.num_kv_heads, tp) // tp, cfg.head_dim)
+        (4 // data, max(cfg.num_kv_heads, tp) // tp, 48, cfg.head_dim)
     }
 
 
@@ -115,7 +115,7 @@ def test_tp_replica_equals_one_device_before_and_after_a_push(family: str) -> No
 
 def _assert_kv_replicated(engine: JaxEngine, cfg: ModelConfig, params, tp: int) -> None:
     """Each tp rank holds the k kernel [D, 1, H] of KV head n // (N / K) for its query heads n
-    (the model's head, repeated), and its own KV cache of one head [B / data, S, 1, H]."""
+    (the model's head, repeated), and its own KV cache of one head [B / data, 1, S, H]."""
     batcher = engine.replicas[0]
     k = batcher.params["layers"][0]["attn"]["k"]["kernel"].get_value()
     src = np.asarray(params["layers"][0]["attn"]["k"]["kernel"].get_value())  # [D, K, H]
@@ -128,8 +128,8 @@ def _assert_kv_replicated(engine: JaxEngine, cfg: ModelConfig, params, tp: int) 
         np.testing.assert_array_equal(np.asarray(shard.data), src[:, head : head + 1])
     cache = batcher.state.cache.k[0]
     data = batcher.mesh.shape["data"]
-    assert cache.shape[2] == tp
-    assert {s.data.shape for s in cache.addressable_shards} == {(4 // data, 48, 1, cfg.head_dim)}
+    assert cache.shape[1] == tp
+    assert {s.data.shape for s in cache.addressable_shards} == {(4 // data, 1, 48, cfg.head_dim)}
 
 
 # (family, devices per replica, tp): KV heads K < tp, so each is held tp / K times
