@@ -41,7 +41,11 @@ four other jobs, `--steps 1`, 23 minutes in all: SmolLM2-360M fp32 scan / loop c
 swamps single steps; `--paired` is the remedy, not run then). Llama-3.2-1B: XLA plans 23.6 /
 23.0 GiB (fp32 scan / loop) and 23.9 / 21.2 GiB (bf16_mixed): not run on the 24 GiB host;
 compile 26.7 / 6.4 s (fp32), 38.9 / 11.8 s (mixed). Depth sweep, scan / loop compile: 5.2 /
-3.5 s at 4 layers, 14.1 / 6.0 s at 16, 29.5 / 11.9 s at 32.
+3.5 s at 4 layers, 14.1 / 6.0 s at 16, 29.5 / 11.9 s at 32. The full-weight Llama-3.2-1B
+step itself ran on 2026-12-06 on the same kind of host, quiet (`--models llama_1b
+--precisions bf16_mixed --layouts loop --depths '' --max-gib 22.5 --steps 2`): planned
+21.2 GiB, compile 7.0 s, step 17.4 s, peak RSS 22.0 GiB of the host's 23.5 GiB (AdamW with
+fp32 master weights and moments; fp32 and the scan's stacked copy plan more than fits).
 
 Usage: python benchmarks/model_scale.py [--models smollm2_360m,llama_1b]
     [--precisions fp32,bf16_mixed] [--layouts scan,loop] [--depths 4,16,32] [--seq-len 256]
