@@ -31,7 +31,7 @@ from rollout_engine.jax.stops import RUNNING, StopConfig, decide
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class SlotUpdate:
-    """The n rows to write: ``k``/``v`` per layer ``[n, T, K, H]``, then one value per field of
+    """The n rows to write: ``k``/``v`` per layer ``[n, K, T, H]``, then one value per field of
     :class:`SlotState` (``[n]`` or ``[n, C]`` / ``[n, M]`` / ``[n, 2]``); ``positions``
     ``[n, T]`` int32 the slot positions of the T cache entries (None: ``[0, T)``)."""
 
