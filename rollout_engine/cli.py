@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import socket
 import sys
 from typing import TYPE_CHECKING
@@ -246,8 +247,25 @@ def main(argv: list[str] | None = None) -> int:
     except (GatewayError, ModelRefused, ModelUnsupported) as e:
         log.error("%s", e)
         return 1
+    finally:
+        settle_stop_signals()
     log.info("engine stopped: %s", reason)
     return exit_status(reason)
+
+
+def settle_stop_signals() -> None:
+    """Ignore SIGTERM and SIGINT from here to the process's exit.
+
+    The worker's stop handlers live on the event loop (`rollout_engine.rejoin`), and closing
+    the loop puts SIGTERM back to its default action. A launcher that stops the gateway and
+    this engine together (`trainer.launch.processes.ProcessSet.stop_all`) can have the engine
+    end its worker on the gateway's shutdown first; its own SIGTERM, landing while the process
+    exits (the backend's teardown, the interpreter's), then killed it with -15 instead of its
+    status 0 (seen in CI). Once the worker has stopped, a stop request asks for what is already
+    under way; the launcher's SIGKILL after its timeout still bounds a hung exit.
+    """
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def exit_status(reason: str) -> int:

@@ -78,3 +78,27 @@ def test_bad_input_is_refused(tmp_path, capsys):
     other.mkdir()
     with pytest.raises(ValueError, match="model_type 'bert' is not supported"):
         family_of(_model(other, "bert"))
+
+
+def test_a_sigterm_after_the_worker_stopped_leaves_the_exit_status(tmp_path):
+    """A launcher stopping gateway and engine together: the worker ends on the gateway's
+    shutdown, the loop (and its signal handlers) closes, then the engine's own SIGTERM lands
+    during the exit. The process still exits with its status (0), not -15 (seen in CI)."""
+    model = _model(tmp_path)
+    code = (
+        "import asyncio, os, signal, sys\n"
+        "import rollout_engine.cli as cli\n"
+        "async def serve(cfg):\n"  # stands in for the worker: handlers on the loop, then stops
+        "    loop = asyncio.get_running_loop()\n"
+        "    loop.add_signal_handler(signal.SIGTERM, lambda: None)\n"
+        "    return 'shutdown'\n"
+        "cli.serve = serve\n"
+        f"status = cli.main(['--backend', 'jax', '--gateway', '127.0.0.1:1', '--token-file',"
+        f" 't', '--model', {str(model)!r}, '--log-level', 'WARNING'])\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "print('exiting', status, flush=True)\n"
+        "sys.exit(status)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout.strip()) == (0, "exiting 0"), out.stderr
