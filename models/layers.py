@@ -14,6 +14,7 @@ from flax import nnx
 from models.axes import constrain, param
 from models.blockwise import blockwise_attention
 from models.config import ModelConfig, RopeConfig
+from models.kernels import decode_attention as decode_kernel
 from models.kv_cache import from_storage, to_storage
 from models.scores import attention_mask, attention_probs
 
@@ -198,6 +199,9 @@ class Attention(nnx.Module):
         elif kv is None:  # the queries' own keys [B, T, K, H], every score at once
             mask = attention_mask(positions, k_pos, window)  # [B, T, T]
             out = dense_attention(qg, keys.astype(dt), values.astype(dt), mask, cfg)
+        elif T == 1 and kv[0].dtype == jnp.uint16 and decode_kernel.active():
+            # bits cache, CPU, one-device engine: the native kernel reads the slots in place
+            out = decode_kernel.bits_decode_attention(qg, *kv, positions[:, 0], cfg, window)
         elif T == 1:  # one query over the cache
             mask = attention_mask(positions, k_pos, window)  # [B, 1, S]
             out = decode_attention(

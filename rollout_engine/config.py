@@ -98,6 +98,10 @@ class JaxOptions(BaseModel):
     row_bucket: int = Field(default=16, ge=0)
     """Smallest decode row bound: a decode call computes the first `row_bucket * 2**k` slots
     that hold every occupied one (0: every slot, always)."""
+    native_attention: bool = True
+    """A decode step's attention over the bf16 (bits) KV cache by the native CPU kernel
+    (`models.kernels.decode_attention`, built by g++ on first use) on a one-device replica;
+    false, or where it cannot be built: XLA's."""
     replicas: int = Field(default=1, ge=1)
     devices_per_replica: int = Field(default=1, ge=1)
     tp: int = Field(default=1, ge=1)

@@ -76,6 +76,10 @@ class BatcherConfig:
             decode step's, each insertion's) run in place on XLA's CPU backend instead of
             converting the whole cache to float32 and back (`models.kv_cache`; the same
             tokens and log-probs). None: on when every device of the replica is a CPU.
+        native_attention: a decode step's attention over a bits cache by the native CPU
+            kernel (`models.kernels.decode_attention`: the visible slots read in place, no
+            copy of the cache; the same values up to summation order) where it is built;
+            off on a sharded replica. False: XLA's path.
     """
 
     num_slots: int = 8
@@ -88,6 +92,7 @@ class BatcherConfig:
     stop_string_steps: int = 1
     row_bucket: int = 16
     kv_bits: bool | None = None
+    native_attention: bool = True
 
     def __post_init__(self) -> None:
         if self.stop_string_steps < 1:
@@ -179,7 +184,8 @@ class ContinuousBatcher:
             graphdef, model_cfg, pad_id=stops.pad_id, min_len=cfg.min_prompt_bucket,
             batch=cfg.prefill_batch,
         )  # fmt: skip
-        self._loop = make_decode_loop(graphdef, sampling, stops)
+        native = cfg.native_attention and mesh is None
+        self._loop = make_decode_loop(graphdef, sampling, stops, native_attention=native)
         self._insert = make_insert(
             capacity=cfg.max_len,
             marker_len=stops.marker_len,

@@ -10,13 +10,12 @@ every finished slot at once rather than one per return.
 
 from __future__ import annotations
 
-from functools import partial
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from models.decoder import Decoder
+from models.kernels.decode_attention import native_scope
 from models.routing import forward_with_routing
 from rollout_engine.jax.sampling import RowSampling, SamplingConfig, sample_rows
 from rollout_engine.jax.state import SlotState
@@ -146,9 +145,16 @@ def _loop(
     return jax.lax.while_loop(cond, body, (state, jnp.int32(0)))
 
 
-def make_decode_loop(graphdef: nnx.GraphDef, sampling: SamplingConfig, stops: StopConfig):
+def make_decode_loop(
+    graphdef: nnx.GraphDef,
+    sampling: SamplingConfig,
+    stops: StopConfig,
+    native_attention: bool = False,
+):
     """Compile ``loop(params, state, max_steps, kv_len=None, rows=None) -> (state, steps)``;
-    ``state`` is donated.
+    ``state`` is donated. With `native_attention` (a one-device replica) a step's attention
+    over a bits cache is the native CPU kernel where it is available
+    (`models.kernels.decode_attention`), else XLA's.
 
     The loop runs decode steps while no active slot is finished, some slot is running, fewer
     than ``max_steps`` (int32 scalar) steps ran and, with ``kv_len`` (static int: one compiled
@@ -160,8 +166,9 @@ def make_decode_loop(graphdef: nnx.GraphDef, sampling: SamplingConfig, stops: St
     (the batcher's ``row_bucket``). Shardings follow the inputs (a batch-sharded state gives a
     data-parallel loop; ``rows`` is for an unsharded state).
     """
-    return jax.jit(
-        partial(_loop, graphdef, sampling, stops),
-        donate_argnums=(1,),
-        static_argnames=("kv_len", "rows"),
-    )
+
+    def loop(params, state, max_steps, kv_len=None, rows=None):  # type: ignore[no-untyped-def]
+        with native_scope(native_attention):  # read while the loop is traced
+            return _loop(graphdef, sampling, stops, params, state, max_steps, kv_len, rows)
+
+    return jax.jit(loop, donate_argnums=(1,), static_argnames=("kv_len", "rows"))

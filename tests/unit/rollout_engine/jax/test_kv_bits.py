@@ -1,5 +1,7 @@
 """A bfloat16 KV cache held as its uint16 bit patterns (`BatcherConfig.kv_bits`) gives the
-bfloat16 cache's tokens and log-probs exactly, through prefill, decode and a continuation."""
+bfloat16 cache's tokens and log-probs exactly, through prefill, decode and a continuation
+(XLA's attention on both; the native kernel over the bits, `native_attention`, is held to
+the same tokens below)."""
 
 import jax
 import jax.numpy as jnp
@@ -31,9 +33,10 @@ def _requests():
     ]
 
 
-def _run(tiny, kv_bits, sampling):
+def _run(tiny, kv_bits, sampling, native_attention=False):
     cfg, graphdef, params = tiny
-    bcfg = BatcherConfig(num_slots=4, max_len=64, prefill_batch=2, kv_bits=kv_bits)
+    bcfg = BatcherConfig(num_slots=4, max_len=64, prefill_batch=2, kv_bits=kv_bits,
+                         native_attention=native_attention)  # fmt: skip
     b = ContinuousBatcher(cfg, graphdef, params, bcfg, sampling, StopConfig((0,), 1))
     b.submit(_requests())
     res = sorted(b.run_until_idle(), key=lambda r: (r.prompt_id, r.sample_index))
@@ -106,3 +109,32 @@ def test_a_continued_turn_on_a_bits_cache_equals_the_bf16_cache(tiny_bf16):
     for x, y in zip(outs[0], outs[1], strict=True):
         np.testing.assert_array_equal(x.tokens, y.tokens)
         np.testing.assert_array_equal(x.logprobs, y.logprobs)
+
+
+def test_the_native_attention_kernel_gives_the_xla_paths_tokens(tiny_bf16, monkeypatch):
+    """The same 8 samples with the decode step's attention by the native kernel
+    (`native_attention=True`, the default: `models.kernels.decode_attention`) and by XLA's
+    path over the same bits cache: the kernel is in the compiled loop, greedy tokens are
+    equal, and every log-prob within 0.05 nats (bf16 probabilities, summed in another
+    order)."""
+    from models.kernels import decode_attention as kernel
+
+    calls: list[int] = []
+    real = kernel.bits_decode_attention
+
+    def counted(*args, **kwargs):
+        calls.append(1)  # counted at trace time: once per compiled loop and layer
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(kernel, "bits_decode_attention", counted)
+    sampling = SamplingConfig(temperature=0.0)
+    b_native, native = _run(tiny_bf16, True, sampling, native_attention=True)
+    assert calls, "the bits batcher's decode loop must trace the native kernel"
+    n_calls = len(calls)
+    _, xla = _run(tiny_bf16, True, sampling, native_attention=False)
+    assert len(calls) == n_calls  # XLA's path never traces the kernel
+    assert len(native) == len(xla) == 8
+    assert sum(len(r.tokens) for r in native) > 40
+    for x, y in zip(native, xla, strict=True):
+        np.testing.assert_array_equal(x.tokens, y.tokens)
+        np.testing.assert_allclose(x.logprobs, y.logprobs, rtol=0, atol=0.05)
