@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -135,7 +136,11 @@ ffi::Error DecodeAttentionImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::U16> ke
   std::vector<std::thread> pool;
   for (int64_t t = 1; t < n; ++t) {
     const int64_t begin = pairs * t / n, end = pairs * (t + 1) / n;
-    pool.emplace_back(fn, qp, kp, vp, pp, op, d, scale, softcap, window, begin, end);
+    try {
+      pool.emplace_back(fn, qp, kp, vp, pp, op, d, scale, softcap, window, begin, end);
+    } catch (const std::system_error&) {  // no thread to be had: this share runs here
+      fn(qp, kp, vp, pp, op, d, scale, softcap, window, begin, end);
+    }
   }
   fn(qp, kp, vp, pp, op, d, scale, softcap, window, 0, pairs / n);
   for (auto& th : pool) th.join();

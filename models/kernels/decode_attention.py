@@ -7,8 +7,9 @@ uint16 bits into bfloat16 (XLA emits the bitcast as a copy), then runs B·K smal
 ([G, H] x [H, S]) per layer; the kernel reads each row's visible slots once, straight from
 the bits, and skips the slots past the row's position (a bucket of `kv_len` slots costs what
 the rows hold, not the bucket). Measured on a 2-core Intel Xeon with AMX (avx512_bf16),
-SmolLM2 (K = 3, G = 3, H = 64), 30 layers in a chain over 128 rows x 256 slots: XLA 316 ms,
-the kernel 128 ms (`benchmarks/decode_attention_kernel.py`).
+SmolLM2's shapes (K = 3, G = 3, H = 64), 30 layers in a chain, 128 rows at position 200 of
+288 slots: XLA 362 ms, the kernel 86 ms (`benchmarks/decode_attention_kernel.py`); the whole
+decode step 295 -> 197 ms (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -131,3 +131,17 @@ def test_a_failing_compile_leaves_no_file_and_names_the_error(tmp_path, monkeypa
     with pytest.raises(build.KernelBuildError, match="failed"):
         build.compile_kernel("decode_attention")
     assert not list(tmp_path.rglob("*.so"))
+
+
+def test_mismatched_shapes_are_refused_with_a_clear_error(tiny_checkpoint):
+    """Positions for fewer rows than the cache holds (a caller's bug): the call fails naming
+    the mismatch instead of reading past a buffer."""
+    assert available()
+    cfg, _ = load_hf_checkpoint(tiny_checkpoint("llama"), dtype="bfloat16")
+    K, G, H = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
+    q = jnp.zeros((3, 1, K, G, H), jnp.bfloat16)
+    cache = jnp.zeros((3, K, 8, H), jnp.uint16)
+    with pytest.raises(Exception, match="mismatched shapes"):
+        jax.block_until_ready(
+            bits_decode_attention(q, cache, cache, jnp.zeros(2, jnp.int32), cfg, None)
+        )
