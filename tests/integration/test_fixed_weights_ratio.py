@@ -12,8 +12,9 @@ engines' truncated, renormalised distribution (`trainer.truncation`), so every t
 below 1e-6. Without the truncation in the trainer the ratio of a token is off by the mass
 top-k / top-p removed from its row. One step per truncated run may hold a nucleus-boundary
 flip (a token within fp32 rounding of the top-p cut, in one side's nucleus only): one token
-off, the step's mean off by that token's share and no more (see the test). Measured (8 steps): JAX engine, token ratios in
-[0.999998, 1.000003], lag-0 sampler_kl 7.0e-10; vLLM, [0.999997, 1.000003], 1.3e-9.
+off, the step's mean off by that token's share and no more (see the test). Measured (8
+steps): JAX engine, token ratios in [0.999998, 1.000003], lag-0 sampler_kl 7.0e-10; vLLM,
+[0.999997, 1.000003], 1.3e-9.
 """
 
 from __future__ import annotations
