@@ -38,9 +38,11 @@ round trip per group, none per turn); no turn here has stop strings (turns of fi
 Usage: python benchmarks/multi_turn.py [--model smollm2|tiny|HF_DIR] [--engines jax,vllm]
     [--prompts 16] [--samples 4] [--turns 3] [--turn-tokens 32] [--observation-tokens 16]
     [--turn-tokens-mix 1] [--slots 64] [--vllm-dtype bfloat16|float32] [--vllm-block-size 32]
-    [--jax-dtype float32|bfloat16]
+    [--jax-dtype float32|bfloat16] [--jax-kv-dtype auto|bfloat16|float32]
 ``--jax-dtype`` (default float32): the JAX engine's dtype; bfloat16 runs its decode attention
-through the native CPU kernel (`models.kernels.decode_attention`).
+through the native CPU kernel (`models.kernels.decode_attention`). ``--jax-kv-dtype``
+(default auto: the JAX dtype): bfloat16 under a float32 engine keeps float32 matmuls with a
+bfloat16 cache read by that kernel (`BatcherConfig.kv_cache_dtype`).
 ``--vllm-block-size`` (vLLM's KV block, tokens; 0 is vLLM's own, 128 on CPU): its prefix
 cache holds whole blocks only, so a short history is found again only with small blocks.
 Prints one line per measurement, then one JSON object on the last line. On a CPU without bf16
@@ -92,7 +94,8 @@ def make_backend(engine: str, path: Path, args, max_len: int):
         return JaxBackend(JaxBackendConfig(model=str(path), num_slots=args.slots,
                                            max_model_len=max_len, prefill_batch=16,
                                            steps_per_call=8, ignore_eos=True,
-                                           dtype=args.jax_dtype))  # fmt: skip
+                                           dtype=args.jax_dtype,
+                                           kv_cache_dtype=args.jax_kv_dtype))  # fmt: skip
     import os
 
     for k, v in CPU_ENV.items():
@@ -319,6 +322,7 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=64)
     ap.add_argument("--vllm-dtype", default="bfloat16", choices=("bfloat16", "float32"))
     ap.add_argument("--jax-dtype", default="float32", choices=("bfloat16", "float32"))
+    ap.add_argument("--jax-kv-dtype", default="auto", choices=("auto", "bfloat16", "float32"))
     ap.add_argument("--vllm-block-size", type=int, default=32)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -328,6 +332,7 @@ def main() -> None:
                                   "turn_tokens_mix": args.turn_tokens_mix,
                                   "episodes": args.prompts * args.samples,
                                   "vllm_dtype": args.vllm_dtype, "jax_dtype": args.jax_dtype,
+                                  "jax_kv_dtype": args.jax_kv_dtype,
                                   "vllm_block_size": args.vllm_block_size}  # fmt: skip
         for engine in args.engines.split(","):
             result.update(run_engine(engine, path, args))

@@ -102,6 +102,11 @@ class JaxOptions(BaseModel):
     """A decode step's attention over the bf16 (bits) KV cache by the native CPU kernel
     (`models.kernels.decode_attention`, built by g++ on first use) on a one-device replica;
     false, or where it cannot be built: XLA's."""
+    kv_cache_dtype: Literal["auto", "bfloat16", "float32"] = "auto"
+    """The KV cache's dtype; auto: the engine dtype. A float32 engine with a bfloat16 cache
+    keeps float32 matmuls (faster than bfloat16 ones on a CPU without bf16 instructions)
+    and a cache of half the bytes, read by the native kernel; each key and value is
+    rounded to bfloat16 once, when written (`BatcherConfig.kv_cache_dtype`)."""
     replicas: int = Field(default=1, ge=1)
     devices_per_replica: int = Field(default=1, ge=1)
     tp: int = Field(default=1, ge=1)

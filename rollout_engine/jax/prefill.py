@@ -75,22 +75,22 @@ class PrefillBatch:
 def _prefill(
     graphdef: nnx.GraphDef,
     cfg: ModelConfig,
+    cache_dtype: str | None,
     params: nnx.State,
     tokens: jax.Array,
     lengths: jax.Array,
 ) -> PrefillBatch:
     model = nnx.merge(graphdef, params)
     p, t = tokens.shape
+    empty = KVCache.init(cfg, p, t, cache_dtype)
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (p, t))
     routes = None
     with jax.named_scope("prefill"):
         if cfg.num_experts:  # record the routers' choices for routing replay
-            hidden, cache, record = hidden_with_routing(
-                model, tokens, positions, cache=KVCache.init(cfg, p, t)
-            )
+            hidden, cache, record = hidden_with_routing(model, tokens, positions, cache=empty)
             routes = record.expert_ids  # [P, T, L, k]
         else:
-            hidden, cache = model.hidden(tokens, positions, KVCache.init(cfg, p, t))  # [P, T, D]
+            hidden, cache = model.hidden(tokens, positions, empty)  # [P, T, D]
     last = hidden[jnp.arange(p), lengths - 1]  # [P, D]
     assert cache is not None  # a prefill given a cache returns it filled
     return PrefillBatch(cache, model.logits(last), lengths, routes=routes)
@@ -107,6 +107,10 @@ class Prefiller:
             call is padded to P = next_pow2(batch) rows, so only T varies between compilations.
         out_sharding: optional sharding of every output (e.g. replicated over a data-parallel
             mesh, so that slot substitution finds each prompt on every device).
+        cache_dtype: the KV dtype of the prefill's cache (the slots' cache dtype:
+            `BatcherConfig.kv_cache_dtype`), None: ``cfg.dtype``. The prompt attends to its
+            own keys and values as the cache holds them, so a later decode step sees the
+            same values the prefill did.
     """
 
     def __init__(
@@ -119,8 +123,10 @@ class Prefiller:
         max_len: int,
         batch: int = 1,
         out_sharding: jax.sharding.Sharding | None = None,
+        cache_dtype: str | None = None,
     ):
         self.graphdef, self.cfg, self.pad_id = graphdef, cfg, pad_id
+        self.cache_dtype = cache_dtype
         self.min_len, self.max_len = min_len, max_len
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
@@ -164,7 +170,7 @@ class Prefiller:
         shape = tokens.shape
         fn = self._compiled.get(shape)
         if fn is None:
-            body = partial(_prefill, self.graphdef, self.cfg)
+            body = partial(_prefill, self.graphdef, self.cfg, self.cache_dtype)
             if self.out_sharding is None:
                 fn = jax.jit(body)
             else:
