@@ -315,6 +315,7 @@ def engine_argv(
             "--jax-steps-per-call", str(launch.jax_steps_per_call),
             "--jax-devices-per-replica", str(launch.devices_per_engine),
             "--jax-tp", str(launch.jax_tp),
+            "--jax-kv-cache-dtype", launch.jax_kv_cache_dtype,
             "--jax-temperature", str(rollout.temperature),
             "--jax-top-k", str(rollout.top_k),
             "--jax-top-p", str(rollout.top_p),

@@ -274,6 +274,10 @@ class LaunchSection(_Section):
     """JAX engine: tensor-parallel degree over its devices_per_engine devices (must divide it;
     the rest split the slots); params placed by the trainer's logical-axis rules, the KV
     cache split over its heads (docs/engines.md). 1: params replicated on every device."""
+    jax_kv_cache_dtype: Literal["auto", "bfloat16", "float32"] = "auto"
+    """JAX engine: the KV cache's dtype; auto: the engine dtype. bfloat16 with
+    engine_dtype=float32 keeps float32 matmuls and a bf16 cache read by the native kernel:
+    the fast setting on a CPU without bf16 instructions (docs/engines.md)."""
     vllm_kv_cache_gib: int = Field(default=1, ge=1)
     """vLLM: KV cache GiB (VLLM_CPU_KVCACHE_SPACE on CPU)."""
     vllm_block_size: int = Field(default=0, ge=0)

@@ -93,9 +93,12 @@ def test_engine_argv_switches_backend_only(tmp_path):
     common = ["--gateway", "h:1", "--token-file", str(tmp_path / "t"), "--model", str(tmp_path)]
     assert all(" ".join(common) in " ".join(a) for a in (jax_argv, vllm_argv))
     assert "--lora-rank" not in jax_argv  # full-weight pushes: any engine serves them
-    tp_job = _job("launch.devices_per_engine=4", "launch.jax_tp=2")
+    assert jax_argv[jax_argv.index("--jax-kv-cache-dtype") + 1] == "auto"
+    tp_job = _job("launch.devices_per_engine=4", "launch.jax_tp=2",
+                  "launch.jax_kv_cache_dtype=bfloat16")  # fmt: skip
     tp_argv = engine_argv(tp_job, 0, "h:1", tmp_path / "t", tmp_path, 96)
     assert tp_argv[tp_argv.index("--jax-tp") + 1] == "2"
+    assert tp_argv[tp_argv.index("--jax-kv-cache-dtype") + 1] == "bfloat16"
     assert tp_argv[tp_argv.index("--jax-devices-per-replica") + 1] == "4"
 
 
