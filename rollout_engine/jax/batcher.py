@@ -194,7 +194,7 @@ class ContinuousBatcher:
         )
         self.extender = Extender(
             graphdef, model_cfg, pad_id=stops.pad_id, min_len=cfg.min_prompt_bucket,
-            batch=cfg.prefill_batch,
+            batch=cfg.prefill_batch, kv_bucket=cfg.kv_bucket,
         )  # fmt: skip
         native = cfg.native_attention and mesh is None
         self._loop = make_decode_loop(graphdef, sampling, stops, native_attention=native)

@@ -33,6 +33,7 @@ from rollout_engine.jax.state import SlotState
 
 def _extend(
     graphdef: nnx.GraphDef,
+    kv_len: int,
     params: nnx.State,
     state: SlotState,
     slots: jax.Array,
@@ -45,13 +46,15 @@ def _extend(
     s = state.max_len
     offs = jnp.arange(t, dtype=jnp.int32)[None]
     positions = jnp.where(offs < lengths[:, None], start[:, None] + offs, s)  # pads: dropped
+    # the rows' first kv_len slots (every new token's position is below kv_len)
     rows = KVCache(
-        k=tuple(k[slots] for k in state.cache.k), v=tuple(v[slots] for v in state.cache.v)
+        k=tuple(k[slots, :, :kv_len] for k in state.cache.k),
+        v=tuple(v[slots, :, :kv_len] for v in state.cache.v),
     )
     with jax.named_scope("extend"):
-        hidden, cache = model.hidden(tokens, positions, rows)  # [P, T, D], rows [P, S]
+        hidden, cache = model.hidden(tokens, positions, rows)  # [P, T, D], rows [P, kv_len]
     last = hidden[jnp.arange(p), lengths - 1]  # [P, D]
-    at = jnp.minimum(positions, s - 1)[:, None, :, None]  # [P, 1, T, 1] window of new tokens
+    at = jnp.minimum(positions, kv_len - 1)[:, None, :, None]  # [P, 1, T, 1] the new tokens
 
     def window(x: jax.Array) -> jax.Array:
         return jnp.take_along_axis(x, at, axis=2)  # [P, K, S, H] -> [P, K, T, H]
@@ -68,22 +71,41 @@ class Extender:
         graphdef: ``nnx.split(decoder)[0]``. cfg: the model config.
         pad_id: token used for padding. min_len: smallest T bucket. batch: most rows per call
             (every call is padded to P = next_pow2(batch) rows).
+        kv_bucket: smallest attention bound in cache slots: a call reads and attends to
+            only its rows' first kv_len slots, kv_len the smallest ``kv_bucket * 2**k``
+            past every new token's position (capped at S), as a decode call does
+            (`BatcherConfig.kv_bucket`); 0: all S slots. A short history in a long slot
+            then costs what it holds: SmolLM2 (float32, bf16 cache), 16 rows of 28 new
+            tokens at position 100, S = 2048: 2.4 s a call over every slot, 0.93 s over
+            the 240 slots of a tight cache (docs/benchmarks.md).
     """
 
     def __init__(
         self, graphdef: nnx.GraphDef, cfg: ModelConfig, *, pad_id: int, min_len: int = 16,
-        batch: int = 1,
+        batch: int = 1, kv_bucket: int = 0,
     ):  # fmt: skip
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
+        if kv_bucket < 0:
+            raise ValueError(f"kv_bucket must be >= 0 (0: every slot), got {kv_bucket}")
         self.graphdef, self.cfg, self.pad_id = graphdef, cfg, pad_id
-        self.min_len, self.batch = min_len, batch
-        self._compiled: dict[tuple[int, int], Callable[..., PrefillBatch]] = {}
+        self.min_len, self.batch, self.kv_bucket = min_len, batch, kv_bucket
+        self._compiled: dict[tuple[int, int, int], Callable[..., PrefillBatch]] = {}
 
     @property
-    def buckets(self) -> list[tuple[int, int]]:
-        """The (P, T) shapes compiled so far."""
+    def buckets(self) -> list[tuple[int, int, int]]:
+        """The (P, T, kv_len) shapes compiled so far."""
         return sorted(self._compiled)
+
+    def kv_len(self, end: int, s: int) -> int:
+        """The attention bound of a call whose last new token sits at position ``end - 1``
+        of S = `s` slots: the smallest ``kv_bucket * 2**k >= end``, capped at S."""
+        if self.kv_bucket <= 0:
+            return s
+        bound = self.kv_bucket
+        while bound < end:
+            bound *= 2
+        return min(bound, s)
 
     def __call__(
         self,
@@ -117,9 +139,11 @@ class Extender:
         rows = np.zeros(p, np.int32)  # padding rows read slot 0 and are never inserted
         for i, (slot, x, a) in enumerate(zip(slots, new_tokens, starts, strict=True)):
             tokens[i, : len(x)], lengths[i], start[i], rows[i] = x, len(x), a, slot
-        fn = self._compiled.get((p, t))
+        kv_len = self.kv_len(max(ends), s)
+        fn = self._compiled.get((p, t, kv_len))
         if fn is None:
-            fn = self._compiled[(p, t)] = jax.jit(partial(_extend, self.graphdef))
+            fn = jax.jit(partial(_extend, self.graphdef, kv_len))
+            self._compiled[(p, t, kv_len)] = fn
         return fn(params, state, rows, tokens, start, lengths)
 
 

@@ -111,3 +111,31 @@ def test_fresh_samples_take_the_slots_that_remember_nothing_first(tiny):
     history = FIRST + tuple(turn1.tokens.tolist()) + OBS
     _one(b, Request("t2", history, 1, 10, seed=3, continues=True))
     assert b.continued == 1
+
+
+def test_a_continued_turn_reads_only_the_slots_its_history_fills(tiny):
+    """With a small `kv_bucket` each extension call reads and attends to only its rows'
+    first kv_len slots (the bucket past the history), and three turns sample what the same
+    episode samples over every slot: greedy tokens equal, log-probs within 1e-5 (fp32)."""
+    cfg, graphdef, params = tiny
+    runs = []
+    for kv_bucket in (8, 0):
+        bcfg = BatcherConfig(num_slots=2, max_len=128, prefill_batch=2, steps_per_call=8,
+                             kv_bucket=kv_bucket)  # fmt: skip
+        b = ContinuousBatcher(cfg, graphdef, params, bcfg, SamplingConfig(temperature=0.0),
+                              StopConfig(eos_ids=(EOS,), pad_id=1))  # fmt: skip
+        history, turns = FIRST, []
+        for t in range(3):
+            out = _one(b, Request(f"t{t}", history, 1, 12, seed=t, continues=t > 0))
+            turns.append(out)
+            history = history + tuple(out.tokens.tolist()) + OBS
+        assert b.continued == 2
+        runs.append((b.extender.buckets, turns))
+    (bounded, turns8), (whole, turns0) = runs
+    assert [kv for _, _, kv in bounded] == [32, 64]  # histories of at most 24 and 41 tokens
+    assert {kv for _, _, kv in whole} == {128}
+    for x, y in zip(turns8, turns0, strict=True):
+        assert x.tokens.tolist() == y.tokens.tolist()
+        np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="kv_bucket must be >= 0"):
+        type(b.extender)(graphdef, cfg, pad_id=1, kv_bucket=-1)
