@@ -9,11 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pydantic
 import pytest
-from flax import nnx
 
 from gateway import messages as m
 from models.checkpoints.tiny import make_tiny_checkpoint
-from models.decoder import Decoder
 from rollout_engine.config import JaxOptions
 from rollout_engine.jax.backend import JaxBackend, JaxBackendConfig
 from rollout_engine.jax.batcher import BatcherConfig, ContinuousBatcher
@@ -24,18 +22,17 @@ from rollout_engine.jax.types import Request
 
 @pytest.fixture(scope="module")
 def tiny32(tiny_split):
-    cfg, _, params = tiny_split("llama")
-    assert cfg.dtype == "float32"
-    graphdef, _ = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
-    return cfg, graphdef, params
+    """The tiny llama in float32 (compute, params and, by default, the KV cache)."""
+    tiny = tiny_split("llama")
+    assert tiny[0].dtype == "float32"
+    return tiny
 
 
 def _requests():
+    """Four prompts of 6 to 31 random ids, two samples of 20 tokens each."""
     rng = np.random.default_rng(5)
-    return [
-        Request(i, tuple(int(t) for t in rng.integers(1, 64, size=int(n))), 2, 20)
-        for i, n in enumerate((6, 19, 31, 8))
-    ]
+    prompts = [tuple(int(t) for t in rng.integers(1, 64, size=n)) for n in (6, 19, 31, 8)]
+    return [Request(i, p, 2, 20) for i, p in enumerate(prompts)]
 
 
 def _run(tiny, kv_cache_dtype, *, kv_bits=None, native=True, temperature=0.0):
