@@ -6,7 +6,8 @@ trainer on host ``trainer``, engine 0 on ``near`` fed over gloo (the run's data 
 on ``far`` (its link at 20 Mbit/s, ``tc tbf``) fed over the delta stream
 (``launch.far_engines=[1]``), in one sync plan and one weight version sequence. After a few
 steps the far host's link is cut right after a version is published (the far engine is
-pulling it), for `CUT_S` seconds (below the gateway's heartbeat timeout: nobody is dropped);
+pulling it), for `CUT_S` seconds or until the trainer went ``MAX_LAG + 2`` steps on, at most
+`CUT_MAX_S` (below the gateway's heartbeat timeout: nobody is dropped);
 the trainer and the near engine go on; when the link is back the far engine finishes its pull,
 takes the newest version as a delta and serves again. The trainer is then stopped with SIGINT
 (a graceful stop after the update under way). The module fixture runs the job once; each test
@@ -29,7 +30,8 @@ from tests.integration.smoke_job import assert_no_group_lost, jsonl_rows
 
 pytestmark = pytest.mark.slow
 MAX_LAG = 2
-CUT_S = 8.0  # the far link's outage: below launch.engine_heartbeat_timeout_s (30)
+CUT_S = 8.0  # the far link's shortest outage
+CUT_MAX_S = 20.0  # its longest: below launch.engine_heartbeat_timeout_s (30)
 FAR_MBIT = 20.0
 
 
@@ -104,6 +106,14 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         box.set_link("far", False)
         t_cut, steps_at_cut = time.time(), len(_rows(job, "metrics.jsonl"))
         time.sleep(CUT_S)
+        # the outage lasts until the trainer went MAX_LAG + 2 steps on (or CUT_MAX_S): a
+        # slow host's steps then still show the far engine held back, never the trainer
+        until = t_cut + CUT_MAX_S
+        while (
+            time.time() < until and len(_rows(job, "metrics.jsonl")) - steps_at_cut <= MAX_LAG + 1
+        ):
+            job.check_alive()
+            time.sleep(0.1)
         steps_at_back = len(_rows(job, "metrics.jsonl"))
         box.set_link("far", True)
         t_back = time.time()
