@@ -76,8 +76,8 @@ class Extender:
             past every new token's position (capped at S), as a decode call does
             (`BatcherConfig.kv_bucket`); 0: all S slots. A short history in a long slot
             then costs what it holds: SmolLM2 (float32, bf16 cache), 16 rows of 28 new
-            tokens at position 100, S = 2048: 2.4 s a call over every slot, 0.93 s over
-            the 240 slots of a tight cache (docs/benchmarks.md).
+            tokens at position 100, S = 2048: 2.35 s a call over every slot, 0.86 s over
+            the first 128 (docs/benchmarks.md).
     """
 
     def __init__(
