@@ -81,8 +81,7 @@ def test_the_kernel_reads_the_bf16_cache_of_a_float32_model(tiny32, monkeypatch)
     first token (sampled from the prefill) keeps its log-prob within 0.02 nats."""
     from models.kernels import decode_attention as kernel
 
-    if not kernel.available():
-        pytest.skip("the native kernel cannot be built here (no g++)")
+    assert kernel.available(), "the kernel needs g++ (CI and scripts/setup.sh hosts have it)"
     calls: list[int] = []
     real = kernel.bits_decode_attention
 
