@@ -52,7 +52,7 @@ measured step.
 
 Usage: python benchmarks/rollout_throughput.py [--model smollm2|tiny|HF_DIR]
     [--engines jax,vllm,bare,bridge] [--vllm-dtypes bfloat16,float32] [--prompts 64] [--samples 4]
-    [--max-tokens 128] [--slots 128] [--dtype float32] [--kv-dtype bfloat16|float32]
+    [--max-tokens 128] [--slots 128] [--dtype float32] [--kv-dtype auto|bfloat16|float32]
     [--workload random|eval|both]
     [--in-process]
 
@@ -180,8 +180,9 @@ def run_jax(path: Path, w: Workload, args) -> dict[str, float]:
     cfg, model = load_hf_checkpoint(path, dtype=args.dtype)
     params = nnx.split(model)[1]
     prompts, max_len = w.prompts, w.max_len
+    kv_dtype = None if args.kv_dtype == "auto" else args.kv_dtype
     bcfg = BatcherConfig(num_slots=args.slots, max_len=max_len, prefill_batch=8, steps_per_call=64,
-                         kv_cache_dtype=args.kv_dtype or None)  # fmt: skip
+                         kv_cache_dtype=kv_dtype)  # fmt: skip
     never = StopConfig(eos_ids=(cfg.vocab_size,), pad_id=0)  # never sampled: EOS ignored
     eos = tuple(cfg.eos_token_ids)
     stops = never if w.ignore_eos else StopConfig(eos_ids=eos, pad_id=eos[0])
@@ -457,8 +458,8 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=128)
     parser.add_argument("--dtype", default="float32", help="the JAX engine's dtype")
     parser.add_argument(
-        "--kv-dtype", default="", choices=("", "bfloat16", "float32"),
-        help="the JAX engine's KV cache dtype (default: --dtype); float32 with a bfloat16 "
+        "--kv-dtype", default="auto", choices=("auto", "bfloat16", "float32"),
+        help="the JAX engine's KV cache dtype (auto: --dtype); float32 with a bfloat16 "
         "cache keeps float32 matmuls and reads the cache by the native kernel",
     )  # fmt: skip
     parser.add_argument(
@@ -510,7 +511,7 @@ def main() -> None:
         out: dict[str, object] = {
             "model": args.model,
             "jax_dtype": args.dtype,
-            "jax_kv_dtype": args.kv_dtype or args.dtype,
+            "jax_kv_dtype": args.dtype if args.kv_dtype == "auto" else args.kv_dtype,
             "workload": args.workload,
             "prompts": args.prompts,
             "samples": args.samples,

@@ -37,7 +37,7 @@ from models.config import ModelConfig
 from rollout_engine.jax.decode import make_decode_loop
 from rollout_engine.jax.extend import Extender, common_prefix
 from rollout_engine.jax.insert import make_insert
-from rollout_engine.jax.prefill import PrefillBatch, Prefiller
+from rollout_engine.jax.prefill import PrefillBatch, Prefiller, doubling_bound
 from rollout_engine.jax.sampling import RowSampling, SamplingConfig
 from rollout_engine.jax.state import SlotState, init_slots
 from rollout_engine.jax.stop_strings import Decode, StopStringMatcher
@@ -384,9 +384,8 @@ class ContinuousBatcher:
         if bucket <= 0 or not live:
             return None
         need = int(np.asarray(self.state.pos)[live].max()) + self.cfg.steps_per_call
-        while bucket < need and bucket < cap:
-            bucket *= 2
-        return None if bucket >= cap else bucket
+        bound = doubling_bound(need, bucket, cap)
+        return None if bound >= cap else bound
 
     def row_bound(self) -> int | None:
         """The rows of the next decode call (see ``BatcherConfig.row_bucket``): the smallest
@@ -395,9 +394,8 @@ class ContinuousBatcher:
         occupied = [i for i, s in enumerate(self._slots) if s is not None]
         if bucket <= 0 or not occupied or self.mesh is not None:
             return None
-        while bucket <= occupied[-1] and bucket < cap:
-            bucket *= 2
-        return None if bucket >= cap else bucket
+        bound = doubling_bound(occupied[-1] + 1, bucket, cap)
+        return None if bound >= cap else bound
 
     def run_until_idle(self) -> list[SampleResult]:
         """Step until every queued and in-flight sample is done; returns them all."""

@@ -27,7 +27,7 @@ from flax import nnx
 
 from models.config import ModelConfig
 from models.kv_cache import KVCache
-from rollout_engine.jax.prefill import PrefillBatch, length_bucket, next_pow2
+from rollout_engine.jax.prefill import PrefillBatch, doubling_bound, length_bucket, next_pow2
 from rollout_engine.jax.state import SlotState
 
 
@@ -97,16 +97,6 @@ class Extender:
         """The (P, T, kv_len) shapes compiled so far."""
         return sorted(self._compiled)
 
-    def kv_len(self, end: int, s: int) -> int:
-        """The attention bound of a call whose last new token sits at position ``end - 1``
-        of S = `s` slots: the smallest ``kv_bucket * 2**k >= end``, capped at S."""
-        if self.kv_bucket <= 0:
-            return s
-        bound = self.kv_bucket
-        while bound < end:
-            bound *= 2
-        return min(bound, s)
-
     def __call__(
         self,
         params: nnx.State,
@@ -139,7 +129,7 @@ class Extender:
         rows = np.zeros(p, np.int32)  # padding rows read slot 0 and are never inserted
         for i, (slot, x, a) in enumerate(zip(slots, new_tokens, starts, strict=True)):
             tokens[i, : len(x)], lengths[i], start[i], rows[i] = x, len(x), a, slot
-        kv_len = self.kv_len(max(ends), s)
+        kv_len = doubling_bound(max(ends), self.kv_bucket, s)
         fn = self._compiled.get((p, t, kv_len))
         if fn is None:
             fn = jax.jit(partial(_extend, self.graphdef, kv_len))

@@ -32,6 +32,18 @@ def next_pow2(n: int, minimum: int = 1) -> int:
     return 1 << (n - 1).bit_length()
 
 
+def doubling_bound(need: int, smallest: int, cap: int) -> int:
+    """The smallest ``smallest * 2**k >= need``, capped at `cap`; `cap` when `smallest` is 0
+    (no bound). The decode call's attention and row bounds and an extension's attention bound
+    (`BatcherConfig.kv_bucket`, ``row_bucket``): one compiled shape per bound."""
+    if smallest <= 0:
+        return cap
+    bound = smallest
+    while bound < need and bound < cap:
+        bound *= 2
+    return min(bound, cap)
+
+
 def length_bucket(n: int, minimum: int = 1) -> int:
     """The prompt length bucket of ``n`` tokens: the smallest of the powers of two and their
     halfway points 3 * 2**k (16, 24, 32, 48, 64, 96, 128, 192, ...) that is ``>= n`` and
