@@ -132,10 +132,11 @@ class Decoder(nnx.Module):
         Raises:
             ValueError: an unknown remat name.
         """
-        x = self._embed(tokens)
         if cache is None:
+            x = self._embed(tokens)
             hidden, _ = self._run_layers(x, positions, attention_block, scan_layers, remat)
             return hidden, None
+        x = self._embed(tokens, by_bits=True)  # inference: no gradient flows to the table
         new_k, new_v = [], []
         for i, block in enumerate(self.layers):
             with jax.named_scope(f"layer_{i}"):
@@ -170,13 +171,23 @@ class Decoder(nnx.Module):
         x = self._embed(tokens)
         return self._run_layers(x, positions, attention_block, scan_layers, remat, layer_io)
 
-    def _embed(self, tokens: jax.Array) -> jax.Array:
+    def _embed(self, tokens: jax.Array, by_bits: bool = False) -> jax.Array:
         """int32 [B, T] -> [B, T, D] in `residual_dtype` (float32 by default), the residual
         stream: the rows taken in the compute dtype (and scaled in it where the family does,
-        as transformers), then widened."""
+        as transformers), then widened.
+
+        `by_bits` (no gradient to the table: the engine's prefill and decode) takes the rows
+        of a bfloat16 table as their uint16 bit patterns, the same values: XLA:CPU has no
+        bfloat16 gather and converted the whole table to float32 first (hoisted out of a
+        decode loop, once per loop call: 113 MB written at SmolLM2)."""
         cfg = self.cfg
         table = self.embed.embedding[...]
-        x = jnp.take(table, tokens, axis=0).astype(cfg.dtype)  # [B, T, D]
+        if by_bits and table.dtype == jnp.bfloat16:
+            bits = jnp.take(jax.lax.bitcast_convert_type(table, jnp.uint16), tokens, axis=0)
+            rows = jax.lax.bitcast_convert_type(bits, jnp.bfloat16)
+        else:
+            rows = jnp.take(table, tokens, axis=0)
+        x = rows.astype(cfg.dtype)  # [B, T, D]
         if cfg.embed_scale:
             x = x * jnp.asarray(math.sqrt(cfg.hidden_size), dtype=table.dtype).astype(cfg.dtype)
         return x.astype(cfg.residual_dtype)
@@ -220,11 +231,19 @@ class Decoder(nnx.Module):
         table each call): bf16 operands with fp32 accumulation (`preferred_element_type`) give
         the same products (a bf16 product is exact in fp32). The operands are in the wider
         of the compute and param dtypes (the float32 hidden states rounded once to bf16 in
-        the bf16 path)."""
-        w = self.lm_head_weight()
+        the bf16 path). A tied head contracts the [V, D] embedding as it is stored: its
+        transpose as a [D, V] operand made XLA:CPU copy the whole table before the product
+        (hoisted out of a decode loop, still once per loop call: 57 MB, about 60 ms at
+        SmolLM2 bf16, against 2 ms more for the product on the table as stored)."""
+        if self.cfg.tie_word_embeddings:
+            w, equation = self.embed.embedding[...], "...d,vd->...v"
+        else:
+            w, equation = self.lm_head.kernel[...], "...d,dv->...v"
         dt = jnp.promote_types(self.cfg.dtype, w.dtype)
-        logits = jnp.einsum("...d,dv->...v", hidden.astype(dt), w.astype(dt),
+        flat = hidden.reshape(-1, hidden.shape[-1]).astype(dt)  # [N, D]
+        logits = jnp.einsum(equation.replace("...", "n"), flat, w.astype(dt),
                             preferred_element_type=jnp.float32)  # fmt: skip
+        logits = logits.reshape(*hidden.shape[:-1], logits.shape[-1])
         cap = self.cfg.final_logit_softcap
         if cap is not None:
             logits = jnp.tanh(logits / cap) * cap

@@ -142,8 +142,9 @@ class Attention(nnx.Module):
         kv_len: int | None = None,
         block: int = 0,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-        """x: [B, T, D]; positions: [B, T] int32; kv: this layer's cache ([B, K, S, H] ×2,
-        head-major: `models.kv_cache`) or None.
+        """x: [B, T, D]; positions: [B, T] int32; kv: this layer's cache ([Bc, K, S, H] ×2,
+        head-major: `models.kv_cache`, Bc >= B: the call is over its first B rows, written
+        and read in place, the rest untouched) or None.
 
         `kv_len` (static, <= S) bounds the attention to cache slots [0, kv_len): every query
         position must be below it (slots past a query are masked anyway, so the result is
@@ -185,6 +186,8 @@ class Attention(nnx.Module):
             keys = kv[0].at[rows, :, positions].set(to_storage(k, kv[0]), mode="drop")
             values = kv[1].at[rows, :, positions].set(to_storage(v, kv[1]), mode="drop")
             kv = (keys, values)
+            if keys.shape[0] > x.shape[0]:  # a call over the cache's first B rows
+                keys, values = keys[: x.shape[0]], values[: x.shape[0]]
             if kv_len is not None and kv_len < keys.shape[2]:
                 keys, values = keys[:, :, :kv_len], values[:, :, :kv_len]
             slots = keys.shape[2]

@@ -8,7 +8,8 @@
 // visible slots are read, straight from the uint16 cache: no copy of the cache, no mask.
 // A row whose position is outside [0, S) gets zeros.
 //
-// Buffers: q f32 [B, K, G, H]; keys, values u16 [B, K, S, H]; positions s32 [B];
+// Buffers: q f32 [B, K, G, H]; keys, values u16 [Bc, K, S, H] with Bc >= B (a call over
+// the first B rows of a larger cache reads those rows in place); positions s32 [B];
 // out f32 [B, K, G, H]. Work is split over (b, k) pairs across up to `threads` threads.
 #include <algorithm>
 #include <cmath>
@@ -114,7 +115,7 @@ ffi::Error DecodeAttentionImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::U16> ke
   if (qd.size() != 4 || kd.size() != 4 || values.dimensions().size() != 4)
     return ffi::Error::InvalidArgument("decode_attention: q, keys, values must be 4-D");
   Dims d{qd[0], qd[1], qd[2], kd[2], qd[3]};
-  if (kd[0] != d.B || kd[1] != d.K || kd[3] != d.H || positions.element_count() != d.B)
+  if (kd[0] < d.B || kd[1] != d.K || kd[3] != d.H || positions.element_count() != d.B)
     return ffi::Error::InvalidArgument("decode_attention: mismatched shapes");
   const int64_t pairs = d.B * d.K;
   const int64_t n = std::max<int64_t>(1, std::min<int64_t>(threads, pairs));

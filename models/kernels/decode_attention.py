@@ -80,7 +80,9 @@ def bits_decode_attention(
 
     Args:
         q: [B, 1, K, G, H], any float dtype (taken as float32).
-        keys / values: uint16 [B, K, S, H], the cache as stored (`models.kv_cache`).
+        keys / values: uint16 [Bc, K, S, H], Bc >= B, the cache as stored
+            (`models.kv_cache`); rows b < B are read (in place: a call over the first B
+            rows of a larger cache copies nothing).
         positions: int32 [B], each row's query position.
         window: the sliding window in tokens, or None.
 

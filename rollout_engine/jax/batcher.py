@@ -37,7 +37,7 @@ from models.config import ModelConfig
 from rollout_engine.jax.decode import make_decode_loop
 from rollout_engine.jax.extend import Extender, common_prefix
 from rollout_engine.jax.insert import make_insert
-from rollout_engine.jax.prefill import PrefillBatch, Prefiller, doubling_bound
+from rollout_engine.jax.prefill import PrefillBatch, Prefiller, doubling_bound, next_pow2
 from rollout_engine.jax.sampling import RowSampling, SamplingConfig
 from rollout_engine.jax.state import SlotState, init_slots
 from rollout_engine.jax.stop_strings import Decode, StopStringMatcher
@@ -502,15 +502,19 @@ class ContinuousBatcher:
     def _insert_rows(self, batch: PrefillBatch, members: list[tuple[int, int, _Pending]]) -> None:
         """Start each (slot, row of `batch`, sample) of `members`: its first token sampled from
         the row's logits with the sample's key and sampling, the row's cache written into the
-        slot (one compiled insertion of B rows, padding rows dropped)."""
+        slot (one compiled insertion per power of two n >= len(members), at most B rows;
+        padding rows go to slot B, dropped). Padding to B rows instead gathered B rows of
+        the prefill's cache each time: 145 ms per insertion of 8 GSM8K prompts into 128
+        slots at SmolLM2 bf16, against 12 ms."""
         b = self.cfg.num_slots
-        slots = np.full(b, b, np.int32)
-        rows = np.zeros(b, np.int32)
-        keys = np.zeros((b, 2), np.uint32)
-        max_new = np.ones(b, np.int32)
-        temperature = np.ones(b, np.float32)
-        top_k = np.zeros(b, np.int32)
-        top_p = np.ones(b, np.float32)
+        n = min(next_pow2(len(members)), b)
+        slots = np.full(n, b, np.int32)
+        rows = np.zeros(n, np.int32)
+        keys = np.zeros((n, 2), np.uint32)
+        max_new = np.ones(n, np.int32)
+        temperature = np.ones(n, np.float32)
+        top_k = np.zeros(n, np.int32)
+        top_p = np.ones(n, np.float32)
         for j, (slot, row, p) in enumerate(members):
             slots[j], rows[j] = slot, row
             keys[j], max_new[j] = p.key_data, p.request.max_new_tokens

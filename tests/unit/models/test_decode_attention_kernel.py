@@ -145,3 +145,25 @@ def test_mismatched_shapes_are_refused_with_a_clear_error(tiny_checkpoint):
         jax.block_until_ready(
             bits_decode_attention(q, cache, cache, jnp.zeros(2, jnp.int32), cfg, None)
         )
+
+
+def test_a_call_over_the_first_rows_of_a_larger_cache_reads_them_in_place(tiny_checkpoint):
+    """3 queries over a 7-row cache (the decode loop's row bound: the layers read the first
+    rows of the whole cache, no copy) give exactly the outputs of the same queries over the
+    cache's first 3 rows; a cache with fewer rows than the queries is refused."""
+    assert available()
+    cfg, _ = load_hf_checkpoint(tiny_checkpoint("llama"), dtype="bfloat16")
+    K, G, H = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
+    rng = np.random.default_rng(3)
+    q = jnp.asarray(rng.normal(size=(3, 1, K, G, H)), jnp.bfloat16)
+    like = jnp.zeros((), jnp.uint16)
+    keys = to_storage(jnp.asarray(rng.normal(size=(7, K, 12, H)), jnp.bfloat16), like)
+    values = to_storage(jnp.asarray(rng.normal(size=(7, K, 12, H)), jnp.bfloat16), like)
+    positions = jnp.asarray([2, 11, 5], jnp.int32)
+    call = jax.jit(lambda q, k, v, p: bits_decode_attention(q, k, v, p, cfg, None))
+    whole = np.asarray(call(q, keys, values, positions), np.float32)
+    first = np.asarray(call(q, keys[:3], values[:3], positions), np.float32)
+    np.testing.assert_array_equal(whole, first)
+    assert np.abs(whole).max() > 0.1  # real outputs, not zeros
+    with pytest.raises(Exception, match="mismatched shapes"):
+        jax.block_until_ready(call(q, keys[:2], values[:2], positions))
