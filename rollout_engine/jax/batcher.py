@@ -182,6 +182,16 @@ class ContinuousBatcher:
         self._weights_lock = threading.Lock()  # update_weights may come from another thread
         self.mesh = mesh
         repl = None if mesh is None else jax.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        leaf = jax.tree.leaves(params)[0]
+        if mesh is not None:
+            devices = list(mesh.devices.flat)
+        elif isinstance(leaf, jax.Array):  # the replica's device is where its params are
+            devices = [next(iter(leaf.devices()))]
+        else:
+            devices = jax.devices()[:1]
+        kv_bits = cfg.kv_bits
+        if kv_bits is None:
+            kv_bits = all(d.platform == "cpu" for d in devices)
         self.prefiller = Prefiller(
             graphdef,
             model_cfg,
@@ -191,6 +201,7 @@ class ContinuousBatcher:
             batch=cfg.prefill_batch,
             out_sharding=repl,
             cache_dtype=cfg.kv_cache_dtype,
+            kv_bits=kv_bits,
         )
         self.extender = Extender(
             graphdef, model_cfg, pad_id=stops.pad_id, min_len=cfg.min_prompt_bucket,
@@ -205,16 +216,6 @@ class ContinuousBatcher:
             stops=stops,
             mesh=mesh,
         )
-        leaf = jax.tree.leaves(params)[0]
-        if mesh is not None:
-            devices = list(mesh.devices.flat)
-        elif isinstance(leaf, jax.Array):  # the replica's device is where its params are
-            devices = [next(iter(leaf.devices()))]
-        else:
-            devices = jax.devices()[:1]
-        kv_bits = cfg.kv_bits
-        if kv_bits is None:
-            kv_bits = all(d.platform == "cpu" for d in devices)
         state = init_slots(
             model_cfg,
             num_slots=cfg.num_slots,

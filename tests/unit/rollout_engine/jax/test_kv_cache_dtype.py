@@ -12,6 +12,7 @@ import pytest
 
 from gateway import messages as m
 from models.checkpoints.tiny import make_tiny_checkpoint
+from models.kv_cache import from_storage
 from rollout_engine.config import JaxOptions
 from rollout_engine.jax.backend import JaxBackend, JaxBackendConfig
 from rollout_engine.jax.batcher import BatcherConfig, ContinuousBatcher
@@ -50,8 +51,8 @@ def _run(tiny, kv_cache_dtype, *, kv_bits=None, native=True, temperature=0.0):
 def test_bf16_cache_under_a_float32_model_is_bits_and_its_storage_alone_changes_nothing(tiny32):
     """On CPU the bf16 cache is held as bits (uint16); plain bfloat16 storage gives the same
     tokens and log-probs bit for bit (XLA's attention on both), the prefill's cache is in
-    the cache dtype, and layer 0's cached keys of a prompt are the float32 engine's rounded
-    to bfloat16 exactly (layer 0's keys depend on the embeddings alone)."""
+    the cache dtype (bits too), and layer 0's cached keys of a prompt are the float32
+    engine's rounded to bfloat16 exactly (layer 0's keys depend on the embeddings alone)."""
     b_bits, bits = _run(tiny32, "bfloat16", native=False)
     b_plain, plain = _run(tiny32, "bfloat16", kv_bits=False, native=False)
     assert b_bits.state.cache.k[0].dtype == jnp.uint16
@@ -66,9 +67,9 @@ def test_bf16_cache_under_a_float32_model_is_bits_and_its_storage_alone_changes_
             cfg, graphdef, params, BatcherConfig(num_slots=1, max_len=32, kv_cache_dtype=dtype),
             SamplingConfig(temperature=0.0), StopConfig((0,), 1),
         ).prefiller(params, [prompt])  # fmt: skip
-        if dtype == "bfloat16":
-            k16 = np.asarray(pre.cache.k[0][0, :, : len(prompt)])
-            assert pre.cache.k[0].dtype == jnp.bfloat16
+        if dtype == "bfloat16":  # held as bits on CPU, as the slots' cache
+            assert pre.cache.k[0].dtype == jnp.uint16
+            k16 = np.asarray(from_storage(pre.cache.k[0][0, :, : len(prompt)], jnp.bfloat16))
         else:
             k32 = pre.cache.k[0][0, :, : len(prompt)]
             assert k32.dtype == jnp.float32
