@@ -16,7 +16,7 @@ from flax import nnx
 
 from models.axes import constrain
 from models.config import ModelConfig
-from models.kv_cache import KVCache
+from models.kv_cache import KVCache, from_storage
 from models.layers import MLP, Attention, KeyStream, RMSNorm, _normal
 from models.moe import MoE
 from models.scan import LayerIO, loop_layers_io, scan_layers_io
@@ -184,7 +184,7 @@ class Decoder(nnx.Module):
         table = self.embed.embedding[...]
         if by_bits and table.dtype == jnp.bfloat16:
             bits = jnp.take(jax.lax.bitcast_convert_type(table, jnp.uint16), tokens, axis=0)
-            rows = jax.lax.bitcast_convert_type(bits, jnp.bfloat16)
+            rows = from_storage(bits, jnp.bfloat16)  # the cache's bits read, `models.kv_cache`
         else:
             rows = jnp.take(table, tokens, axis=0)
         x = rows.astype(cfg.dtype)  # [B, T, D]
@@ -236,12 +236,12 @@ class Decoder(nnx.Module):
         (hoisted out of a decode loop, still once per loop call: 57 MB, about 60 ms at
         SmolLM2 bf16, against 2 ms more for the product on the table as stored)."""
         if self.cfg.tie_word_embeddings:
-            w, equation = self.embed.embedding[...], "...d,vd->...v"
+            w, equation = self.embed.embedding[...], "nd,vd->nv"  # [V, D] as stored
         else:
-            w, equation = self.lm_head.kernel[...], "...d,dv->...v"
+            w, equation = self.lm_head.kernel[...], "nd,dv->nv"
         dt = jnp.promote_types(self.cfg.dtype, w.dtype)
         flat = hidden.reshape(-1, hidden.shape[-1]).astype(dt)  # [N, D]
-        logits = jnp.einsum(equation.replace("...", "n"), flat, w.astype(dt),
+        logits = jnp.einsum(equation, flat, w.astype(dt),
                             preferred_element_type=jnp.float32)  # fmt: skip
         logits = logits.reshape(*hidden.shape[:-1], logits.shape[-1])
         cap = self.cfg.final_logit_softcap

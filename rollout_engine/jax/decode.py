@@ -128,16 +128,18 @@ def _loop(
     if rows is not None and rows < state.num_slots:  # run the first `rows` slots only
         # the per-slot fields' first rows are copied out and back (small); the KV cache
         # stays whole: the layers write and read its first `rows` rows in place
-        cache = state.cache
-        part = jax.tree.map(lambda x: x[:rows], dataclasses.replace(state, cache=KVCache((), ())))
-        part = dataclasses.replace(part, cache=cache)
+        def fields(s: SlotState) -> SlotState:
+            return dataclasses.replace(s, cache=KVCache((), ()))
+
+        part = dataclasses.replace(jax.tree.map(lambda x: x[:rows], fields(state)),
+                                   cache=state.cache)  # fmt: skip
         part, steps = _loop(graphdef, sampling, stops, params, part, max_steps, kv_len)
-        small = jax.tree.map(
+        merged = jax.tree.map(
             lambda full, p: jax.lax.dynamic_update_slice_in_dim(full, p, 0, axis=0),
-            dataclasses.replace(state, cache=KVCache((), ())),
-            dataclasses.replace(part, cache=KVCache((), ())),
+            fields(state),
+            fields(part),
         )  # in place: the state is donated
-        return dataclasses.replace(small, cache=part.cache), steps
+        return dataclasses.replace(merged, cache=part.cache), steps
     model = nnx.merge(graphdef, params)
 
     def cond(carry: tuple[SlotState, jax.Array]) -> jax.Array:
