@@ -16,6 +16,7 @@ from flax import nnx
 
 from models.axes import constrain
 from models.config import ModelConfig
+from models.kernels import embed_rows as embed_kernel
 from models.kv_cache import KVCache, from_storage
 from models.layers import MLP, Attention, KeyStream, RMSNorm, _normal
 from models.moe import MoE
@@ -179,10 +180,15 @@ class Decoder(nnx.Module):
         `by_bits` (no gradient to the table: the engine's prefill and decode) takes the rows
         of a bfloat16 table as their uint16 bit patterns, the same values: XLA:CPU has no
         bfloat16 gather and converted the whole table to float32 first (hoisted out of a
-        decode loop, once per loop call: 113 MB written at SmolLM2)."""
+        decode loop, once per loop call: 113 MB written at SmolLM2). Inside
+        `models.kernels.scope.native_scope` (the JAX engine on one device) the native
+        kernel `models.kernels.embed_rows` copies the rows alone: the bitcast of the table
+        also cost a copy of it per loop call (15-19 ms at SmolLM2)."""
         cfg = self.cfg
         table = self.embed.embedding[...]
-        if by_bits and table.dtype == jnp.bfloat16:
+        if by_bits and table.dtype == jnp.bfloat16 and embed_kernel.active():
+            rows = embed_kernel.embed_rows(table, tokens)  # the rows alone, no table copy
+        elif by_bits and table.dtype == jnp.bfloat16:
             bits = jnp.take(jax.lax.bitcast_convert_type(table, jnp.uint16), tokens, axis=0)
             rows = from_storage(bits, jnp.bfloat16)  # the cache's bits read, `models.kv_cache`
         else:

@@ -99,9 +99,10 @@ class JaxOptions(BaseModel):
     """Smallest decode row bound: a decode call computes the first `row_bucket * 2**k` slots
     that hold every occupied one (0: every slot, always)."""
     native_attention: bool = True
-    """A decode step's attention over the bf16 (bits) KV cache by the native CPU kernel
-    (`models.kernels.decode_attention`, built by g++ on first use) on a one-device replica;
-    false, or where it cannot be built: XLA's."""
+    """The native CPU kernels (built by g++ on first use) on a one-device replica: a decode
+    step's attention over the bf16 (bits) KV cache (`models.kernels.decode_attention`) and
+    the token embedding lookup of a bf16 table (`models.kernels.embed_rows`); false, or
+    where they cannot be built: XLA's."""
     kv_cache_dtype: Literal["auto", "bfloat16", "float32"] = "auto"
     """The KV cache's dtype; auto: the engine dtype. A float32 engine with a bfloat16 cache
     keeps float32 matmuls (faster than bfloat16 ones on a CPU without bf16 instructions)

@@ -14,10 +14,7 @@ decode step 295 -> 197 ms (docs/benchmarks.md).
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import os
-from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -25,30 +22,15 @@ import numpy as np
 
 from models.config import ModelConfig
 from models.kernels.build import load
+from models.kernels.scope import in_native_scope
 
 #: The FFI target (the handler symbol of ``decode_attention.cc``).
 TARGET = "JaxrlDecodeAttention"
 
 
-_NATIVE = contextvars.ContextVar("jaxrl_native_decode_attention", default=False)
-
-
-@contextlib.contextmanager
-def native_scope(on: bool = True) -> Iterator[None]:
-    """Within this block (while a function is traced), `models.layers` uses the kernel for a
-    decode step over a bits cache where `available()`; outside it, the XLA path. The JAX
-    engine's decode loop opts in on a one-device replica (`rollout_engine.jax.decode`); a
-    sharded replica does not (XLA cannot split a custom call's operands over its mesh)."""
-    token = _NATIVE.set(on)
-    try:
-        yield
-    finally:
-        _NATIVE.reset(token)
-
-
 def active() -> bool:
-    """True inside `native_scope()` where the kernel is `available()`."""
-    return _NATIVE.get() and available()
+    """True inside `models.kernels.scope.native_scope()` where the kernel is `available()`."""
+    return in_native_scope() and available()
 
 
 def available() -> bool:

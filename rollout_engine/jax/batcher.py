@@ -76,10 +76,12 @@ class BatcherConfig:
             decode step's, each insertion's) run in place on XLA's CPU backend instead of
             converting the whole cache to float32 and back (`models.kv_cache`; the same
             tokens and log-probs). None: on when every device of the replica is a CPU.
-        native_attention: a decode step's attention over a bits cache by the native CPU
-            kernel (`models.kernels.decode_attention`: the visible slots read in place, no
-            copy of the cache; the same values up to summation order) where it is built;
-            off on a sharded replica. False: XLA's path.
+        native_attention: the native CPU kernels where they are built, off on a sharded
+            replica: a decode step's attention over a bits cache
+            (`models.kernels.decode_attention`: the visible slots read in place, no copy of
+            the cache; the same values up to summation order) and the token embedding
+            lookup of a bf16 table in prefill, extension and decode
+            (`models.kernels.embed_rows`: the same values). False: XLA's paths.
         kv_cache_dtype: the KV cache's dtype ("bfloat16" or "float32"), None: the model's
             compute dtype. A float32 model with a bfloat16 cache (vLLM's ``kv_cache_dtype``
             idea) keeps float32 matmuls, faster than bfloat16 ones on a CPU without bf16
@@ -192,6 +194,7 @@ class ContinuousBatcher:
         kv_bits = cfg.kv_bits
         if kv_bits is None:
             kv_bits = all(d.platform == "cpu" for d in devices)
+        native = cfg.native_attention and mesh is None
         self.prefiller = Prefiller(
             graphdef,
             model_cfg,
@@ -202,12 +205,12 @@ class ContinuousBatcher:
             out_sharding=repl,
             cache_dtype=cfg.kv_cache_dtype,
             kv_bits=kv_bits,
+            native=native,
         )
         self.extender = Extender(
             graphdef, model_cfg, pad_id=stops.pad_id, min_len=cfg.min_prompt_bucket,
-            batch=cfg.prefill_batch, kv_bucket=cfg.kv_bucket,
+            batch=cfg.prefill_batch, kv_bucket=cfg.kv_bucket, native=native,
         )  # fmt: skip
-        native = cfg.native_attention and mesh is None
         self._loop = make_decode_loop(graphdef, sampling, stops, native_attention=native)
         self._insert = make_insert(
             capacity=cfg.max_len,

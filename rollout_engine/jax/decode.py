@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models.decoder import Decoder
-from models.kernels.decode_attention import native_scope
+from models.kernels.scope import scoped
 from models.kv_cache import KVCache
 from models.routing import forward_with_routing
 from rollout_engine.jax.sampling import RowSampling, SamplingConfig, sample_rows
@@ -163,9 +163,10 @@ def make_decode_loop(
     native_attention: bool = False,
 ):
     """Compile ``loop(params, state, max_steps, kv_len=None, rows=None) -> (state, steps)``;
-    ``state`` is donated. With `native_attention` (a one-device replica) a step's attention
-    over a bits cache is the native CPU kernel where it is available
-    (`models.kernels.decode_attention`), else XLA's.
+    ``state`` is donated. With `native_attention` (a one-device replica) the loop is traced
+    inside `models.kernels.scope.native_scope`: a step's attention over a bits cache and its
+    embedding lookup are the native CPU kernels where they are available
+    (`models.kernels.decode_attention`, `models.kernels.embed_rows`), else XLA's.
 
     The loop runs decode steps while no active slot is finished, some slot is running, fewer
     than ``max_steps`` (int32 scalar) steps ran and, with ``kv_len`` (static int: one compiled
@@ -182,7 +183,7 @@ def make_decode_loop(
     """
 
     def loop(params, state, max_steps, kv_len=None, rows=None):  # type: ignore[no-untyped-def]
-        with native_scope(native_attention):  # read while the loop is traced
-            return _loop(graphdef, sampling, stops, params, state, max_steps, kv_len, rows)
+        return _loop(graphdef, sampling, stops, params, state, max_steps, kv_len, rows)
 
+    loop = scoped(loop, native_attention)  # the scope is read while the loop is traced
     return jax.jit(loop, donate_argnums=(1,), static_argnames=("kv_len", "rows"))

@@ -26,6 +26,7 @@ import numpy as np
 from flax import nnx
 
 from models.config import ModelConfig
+from models.kernels.scope import scoped
 from models.kv_cache import KVCache
 from rollout_engine.jax.prefill import PrefillBatch, doubling_bound, length_bucket, next_pow2
 from rollout_engine.jax.state import SlotState
@@ -78,11 +79,13 @@ class Extender:
             then costs what it holds: SmolLM2 (float32, bf16 cache), 16 rows of 28 new
             tokens at position 100, S = 2048: 2.35 s a call over every slot, 0.86 s over
             the first 128 (docs/benchmarks.md).
+        native: trace inside `models.kernels.scope.native_scope` (the native CPU kernels
+            where available; a one-device replica only).
     """
 
     def __init__(
         self, graphdef: nnx.GraphDef, cfg: ModelConfig, *, pad_id: int, min_len: int = 16,
-        batch: int = 1, kv_bucket: int = 0,
+        batch: int = 1, kv_bucket: int = 0, native: bool = False,
     ):  # fmt: skip
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
@@ -90,6 +93,7 @@ class Extender:
             raise ValueError(f"kv_bucket must be >= 0 (0: every slot), got {kv_bucket}")
         self.graphdef, self.cfg, self.pad_id = graphdef, cfg, pad_id
         self.min_len, self.batch, self.kv_bucket = min_len, batch, kv_bucket
+        self.native = native
         self._compiled: dict[tuple[int, int, int], Callable[..., PrefillBatch]] = {}
 
     @property
@@ -132,7 +136,7 @@ class Extender:
         kv_len = doubling_bound(max(ends), self.kv_bucket, s)
         fn = self._compiled.get((p, t, kv_len))
         if fn is None:
-            fn = jax.jit(partial(_extend, self.graphdef, kv_len))
+            fn = jax.jit(scoped(partial(_extend, self.graphdef, kv_len), self.native))
             self._compiled[(p, t, kv_len)] = fn
         return fn(params, state, rows, tokens, start, lengths)
 

@@ -1,11 +1,11 @@
 """Prefill: one forward pass over a right-padded prompt batch, compiled once per shape bucket.
 
-Legend: P prompts (padded to a power of two), T prompt length bucket (`length_bucket`: 2**k or
-3 * 2**k), V vocab, D model width.
+Legend: P prompts (padded to a power of two), T prompt length bucket (`length_bucket`: four
+per doubling), V vocab, D model width.
 
 After the seed write-up "Async RL in Pure JAX" (prefill bucketed to powers of two, so at most
-log2(max_len) compilations per batch size, memoised; here twice that, with the halfway
-buckets), with one change: the LM head runs on the
+log2(max_len) compilations per batch size, memoised; here four per doubling, so a bucket
+pads less), with one change: the LM head runs on the
 last real token of each prompt only, giving the logits of the first completion token, which the
 slot substitution samples (G times per prompt, from one prefill).
 """
@@ -22,6 +22,7 @@ import numpy as np
 from flax import nnx
 
 from models.config import ModelConfig
+from models.kernels.scope import scoped
 from models.kv_cache import KVCache
 from models.routing import hidden_with_routing
 
@@ -45,19 +46,19 @@ def doubling_bound(need: int, smallest: int, cap: int) -> int:
 
 
 def length_bucket(n: int, minimum: int = 1) -> int:
-    """The prompt length bucket of ``n`` tokens: the smallest of the powers of two and their
-    halfway points 3 * 2**k (16, 24, 32, 48, 64, 96, 128, 192, ...) that is ``>= n`` and
-    ``>= minimum`` (itself the smallest bucket).
+    """The prompt length bucket of ``n`` tokens: the smallest multiple of ``max(8, p // 8)``
+    that is ``>= n`` and ``>= minimum`` (itself the smallest bucket), p the power of two
+    ``>= n``: four buckets per doubling past 32 (16, 24, 32, 40, 48, 56, 64, 80, 96, 112,
+    128, 160, 192, ...).
 
-    Against powers of two alone, a bucket pads at most a third of its length instead of half,
-    for at most twice the compiled shapes: the first 64 GSM8K prompts, prefilled 8 at a time
-    shortest first, pad to 7,424 positions instead of 9,216 (5,800 real tokens).
+    A bucket pads at most a fifth of its length past 32 (powers of two alone: half), for
+    four compiled shapes per doubling: the first 64 GSM8K prompts, prefilled 8 at a time
+    shortest first (5,800 real tokens), pad to 6,528 positions, against 7,424 with the
+    powers of two and their halfway points and 9,216 with the powers of two alone.
     """
-    p = next_pow2(n, minimum)
-    three_quarters = p // 4 * 3
-    if p >= 4 and three_quarters >= max(int(n), int(minimum)):
-        return three_quarters
-    return p
+    n = max(int(n), 1)
+    step = max(8, next_pow2(n) // 8)
+    return max(-(-n // step) * step, int(minimum))
 
 
 @jax.tree_util.register_dataclass
@@ -129,6 +130,8 @@ class Prefiller:
             the bits as they are. A bfloat16 cache otherwise cost XLA:CPU a float32
             round trip of each layer's [P, K, T, H] entry around its write: 80 ms of a
             1.5 s prefill of 8 prompts of 192 tokens at SmolLM2 bf16.
+        native: trace inside `models.kernels.scope.native_scope` (the native CPU kernels
+            where available; a one-device replica only).
     """
 
     def __init__(
@@ -143,8 +146,10 @@ class Prefiller:
         out_sharding: jax.sharding.Sharding | None = None,
         cache_dtype: str | None = None,
         kv_bits: bool = False,
+        native: bool = False,
     ):
         self.graphdef, self.cfg, self.pad_id = graphdef, cfg, pad_id
+        self.native = native
         self.cache_dtype, self.kv_bits = cache_dtype, kv_bits
         self.min_len, self.max_len = min_len, max_len
         if batch < 1:
@@ -189,7 +194,10 @@ class Prefiller:
         shape = tokens.shape
         fn = self._compiled.get(shape)
         if fn is None:
-            body = partial(_prefill, self.graphdef, self.cfg, self.cache_dtype, self.kv_bits)
+            body = scoped(
+                partial(_prefill, self.graphdef, self.cfg, self.cache_dtype, self.kv_bits),
+                self.native,
+            )
             if self.out_sharding is None:
                 fn = jax.jit(body)
             else:

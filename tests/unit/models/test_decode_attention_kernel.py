@@ -24,19 +24,30 @@ from models.scores import attention_mask
 B, S = 6, 37
 
 
-@pytest.mark.parametrize(("softcap", "window"), [(None, None), (30.0, 6)])
-def test_the_kernel_equals_the_xla_path_on_the_bits_cache(tiny_checkpoint, softcap, window):
+@pytest.mark.parametrize(
+    ("softcap", "window", "heads"),
+    [(None, None, None), (30.0, 6, None), (None, None, (3, 3, 64)), (30.0, 6, (2, 4, 128)),
+     (None, None, (1, 8, 64)), (None, 20, (2, 2, 128))],
+)  # fmt: skip
+def test_the_kernel_equals_the_xla_path_on_the_bits_cache(tiny_checkpoint, softcap, window, heads):
     """6 rows at positions 0, 3, 11, 17, 36 and one past the cache (S = 37; slots past a row's
-    position hold values that must stay unseen), 2 KV heads of 2 query heads each, with and
-    without Gemma 2's soft cap and a sliding window: within 2**-7 of the largest output of the
-    XLA path over the same bf16 values (both round probabilities to bf16; they differ in
-    summation order and the output's rounding point), bf16 out; the row past the cache gets
-    zeros; row 0 (one visible slot) gets that slot's values exactly."""
+    position hold values that must stay unseen), the tiny model's 2 KV heads of 2 query heads
+    each and (K, G, H) shapes of real models (SmolLM2's 3, 3, 64; with AVX512_BF16 these take
+    the kernel's VDPBF16PS path, 16 slots of scores at a time: 1, 4, 12, 18 and 37 visible
+    slots cover whole, partial and odd blocks), with and without Gemma 2's soft cap and a
+    sliding window: within 2**-7 of the largest output of the XLA path over the same bf16
+    values (both round the query and probabilities to bf16; they differ in summation order
+    and the output's rounding point), bf16 out; the row past the cache gets zeros; row 0
+    (one visible slot) gets that slot's values exactly."""
     assert available(), "g++ builds the kernel on every machine this project runs on"
     cfg, _ = load_hf_checkpoint(tiny_checkpoint("llama"), dtype="bfloat16")
     cfg = dataclasses.replace(cfg, attn_logit_softcap=softcap)
+    if heads is not None:
+        k, g, h = heads
+        cfg = dataclasses.replace(cfg, num_kv_heads=k, num_heads=k * g, head_dim=h,
+                                  query_scale=h**-0.5)  # fmt: skip
     K, G, H = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
-    assert K >= 2 and G >= 2
+    assert heads is not None or (K >= 2 and G >= 2)
     rng = np.random.default_rng(1)
     bf = jnp.bfloat16
     q = jnp.asarray(rng.normal(size=(B, 1, K, G, H)), bf)
@@ -73,7 +84,7 @@ def test_a_layer_uses_the_kernel_on_a_bits_cache_and_matches_the_xla_path(tiny_c
         "toks = jnp.asarray([[5, 9, 11, 3]] * 3, jnp.int32)\n"
         "pos = jnp.broadcast_to(jnp.arange(4, dtype=jnp.int32), (3, 4))\n"
         "_, cache = m(toks, pos, cache)\n"
-        "from models.kernels.decode_attention import native_scope\n"
+        "from models.kernels.scope import native_scope\n"
         "def step(t, p, c):\n"
         "    with native_scope():\n"
         "        return m(t, p, c)[0]\n"

@@ -31,16 +31,18 @@ def test_next_pow2() -> None:
     assert next_pow2(3, minimum=16) == 16
 
 
-def test_length_buckets_are_powers_of_two_and_their_halfway_points() -> None:
-    """16, 24, 32, 48, 64, 96, ...: each the smallest such value holding n (and >= minimum);
-    a bucket never pads more than a third of itself past 16."""
-    assert [length_bucket(n, 16) for n in (1, 16, 17, 24, 25, 33, 49, 65, 100, 158)] == [
-        16, 16, 24, 24, 32, 48, 64, 96, 128, 192,
+def test_length_buckets_are_four_per_doubling() -> None:
+    """16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, ...: each the smallest such value
+    holding n (and >= minimum); past 32 a bucket never pads more than a fifth of itself."""
+    assert [length_bucket(n, 16) for n in (1, 16, 17, 24, 25, 33, 49, 65, 100, 158, 257)] == [
+        16, 16, 24, 24, 32, 40, 56, 80, 112, 160, 320,
     ]  # fmt: skip
     assert length_bucket(20, 32) == 32  # the minimum is itself the smallest bucket
+    assert len({length_bucket(n, 16) for n in range(129, 257)}) == 4  # 160, 192, 224, 256
     for n in range(17, 2000):
         b = length_bucket(n, 16)
         assert b >= n and (b - n) <= b // 3, n
+        assert n <= 32 or 5 * (b - n) <= b, n
 
 
 def test_prefill_is_compiled_once_per_bucket_and_exact(tiny) -> None:
