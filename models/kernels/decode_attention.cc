@@ -49,6 +49,50 @@ struct Dims {
   int64_t B, K, G, S, H;
 };
 
+// One (row b, KV head k) pair of a call: its query [G, H] and output [G, H], and the keys and
+// values [n, H] of the n slots it sees.
+struct Pair {
+  const float* q;
+  float* out;
+  const uint16_t* k;
+  const uint16_t* v;
+  int64_t n;
+};
+
+// Pair number `pair`; false (its output zeroed) where its row's position is outside [0, S).
+inline bool open_pair(int64_t pair, const float* q, const uint16_t* keys, const uint16_t* values,
+                      const int32_t* positions, float* out, const Dims& d, int64_t G,
+                      int64_t H, int64_t window, Pair* p) {
+  p->q = q + pair * G * H;
+  p->out = out + pair * G * H;
+  const int64_t pos = positions[pair / d.K];
+  if (pos < 0 || pos >= d.S) {
+    std::fill(p->out, p->out + G * H, 0.0f);
+    return false;
+  }
+  const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+  p->n = pos - lo + 1;
+  p->k = keys + (pair * d.S + lo) * H;
+  p->v = values + (pair * d.S + lo) * H;
+  return true;
+}
+
+// sg[0, n) scores -> probabilities in place: soft-capped (softcap > 0), softmax in float32,
+// each rounded to bf16 as XLA's path casts them.
+inline void softmax_to_bf16(float* sg, int64_t n, float softcap) {
+  if (softcap > 0.0f)
+    for (int64_t s = 0; s < n; ++s) sg[s] = std::tanh(sg[s] / softcap) * softcap;
+  float mx = sg[0];
+  for (int64_t s = 1; s < n; ++s) mx = std::max(mx, sg[s]);
+  float sum = 0.0f;
+  for (int64_t s = 0; s < n; ++s) {
+    sg[s] = std::exp(sg[s] - mx);
+    sum += sg[s];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t s = 0; s < n; ++s) sg[s] = round_to_bf16(sg[s] * inv);
+}
+
 // kG, kH > 0: the group size and head size known at compile time (the loops unroll and the
 // queries and accumulators stay in registers); 0: taken from `d` at run time.
 template <int kG, int kH>
@@ -60,18 +104,12 @@ void attend_pairs(const float* q, const uint16_t* keys, const uint16_t* values,
   std::vector<float> row(static_cast<size_t>(H));
   std::vector<float> acc(static_cast<size_t>(G * H));
   for (int64_t pair = begin; pair < end; ++pair) {
-    const int64_t b = pair / d.K;
-    const float* qp = q + pair * G * H;
-    float* op = out + pair * G * H;
-    const int64_t pos = positions[b];
-    if (pos < 0 || pos >= S) {
-      std::fill(op, op + G * H, 0.0f);
-      continue;
-    }
-    const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
-    const int64_t n = pos - lo + 1;
-    const uint16_t* kp = keys + (pair * S + lo) * H;
-    const uint16_t* vp = values + (pair * S + lo) * H;
+    Pair pr;
+    if (!open_pair(pair, q, keys, values, positions, out, d, G, H, window, &pr)) continue;
+    const float* qp = pr.q;
+    float* op = pr.out;
+    const uint16_t *kp = pr.k, *vp = pr.v;
+    const int64_t n = pr.n;
     for (int64_t s = 0; s < n; ++s) {
       const uint16_t* ks = kp + s * H;
       for (int64_t h = 0; h < H; ++h) row[h] = bf16_to_f32(ks[h]);
@@ -82,20 +120,7 @@ void attend_pairs(const float* q, const uint16_t* keys, const uint16_t* values,
         scores[g * S + s] = dot * scale;
       }
     }
-    for (int64_t g = 0; g < G; ++g) {
-      float* sg = scores.data() + g * S;
-      if (softcap > 0.0f)
-        for (int64_t s = 0; s < n; ++s) sg[s] = std::tanh(sg[s] / softcap) * softcap;
-      float mx = sg[0];
-      for (int64_t s = 1; s < n; ++s) mx = std::max(mx, sg[s]);
-      float sum = 0.0f;
-      for (int64_t s = 0; s < n; ++s) {
-        sg[s] = std::exp(sg[s] - mx);
-        sum += sg[s];
-      }
-      const float inv = 1.0f / sum;
-      for (int64_t s = 0; s < n; ++s) sg[s] = round_to_bf16(sg[s] * inv);
-    }
+    for (int64_t g = 0; g < G; ++g) softmax_to_bf16(scores.data() + g * S, n, softcap);
     std::fill(acc.begin(), acc.end(), 0.0f);
     for (int64_t s = 0; s < n; ++s) {
       const uint16_t* vs = vp + s * H;
@@ -140,15 +165,6 @@ inline __m512 reduce16(const __m512* v) {
 
 inline __m512bh as_bh(__m512i x) { return reinterpret_cast<__m512bh&>(x); }
 
-// Prefetch `rows` cache rows of `bytes` each from `p`: the kernel streams each pair's keys,
-// then its values, then the next pair's keys, and reads a row's slots once; from memory
-// the hardware prefetcher alone left it at half the read bandwidth.
-inline void prefetch_rows(const uint16_t* p, int64_t rows, int64_t bytes) {
-  const char* c = reinterpret_cast<const char*>(p);
-  for (int64_t i = 0; i < rows * bytes; i += 64) _mm_prefetch(c + i, _MM_HINT_T0);
-}
-
-constexpr int64_t kAhead = 32;  // rows of prefetch distance
 
 template <int kG, int kH>
 void attend_pairs_bf16(const float* q, const uint16_t* keys, const uint16_t* values,
@@ -159,37 +175,12 @@ void attend_pairs_bf16(const float* q, const uint16_t* keys, const uint16_t* val
   std::vector<float> scores(static_cast<size_t>(kG * (S + 16)));
   alignas(64) float acc[kG][kC][2][16];
   for (int64_t pair = begin; pair < end; ++pair) {
-    const int64_t b = pair / d.K;
-    const float* qp = q + pair * kG * kH;
-    float* op = out + pair * kG * kH;
-    const int64_t pos = positions[b];
-    if (pos < 0 || pos >= S) {
-      std::fill(op, op + kG * kH, 0.0f);
-      continue;
-    }
-    const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
-    const int64_t n = pos - lo + 1;
-    const uint16_t* kp = keys + (pair * S + lo) * kH;
-    const uint16_t* vp = values + (pair * S + lo) * kH;
-    // the stream read next: these keys, these values, then the next pair's keys
-    const uint16_t* next_kp = nullptr;
-    int64_t next_n = 0;
-    if (pair + 1 < end) {
-      const int64_t np = positions[(pair + 1) / d.K];
-      if (np >= 0 && np < S) {
-        const int64_t nlo = window > 0 ? std::max<int64_t>(0, np - window + 1) : 0;
-        next_kp = keys + ((pair + 1) * S + nlo) * kH;
-        next_n = np - nlo + 1;
-      }
-    }
-    auto ahead = [&](int64_t at) {  // prefetch 16 rows `kAhead` rows past `at` in the stream
-      for (int64_t r = at + kAhead; r < at + kAhead + 16; r += 4) {
-        if (r < n) prefetch_rows(kp + r * kH, std::min<int64_t>(4, n - r), 2 * kH);
-        else if (r < 2 * n) prefetch_rows(vp + (r - n) * kH, std::min<int64_t>(4, 2 * n - r), 2 * kH);
-        else if (r - 2 * n < next_n)
-          prefetch_rows(next_kp + (r - 2 * n) * kH, std::min<int64_t>(4, next_n - (r - 2 * n)), 2 * kH);
-      }
-    };
+    Pair pr;
+    if (!open_pair(pair, q, keys, values, positions, out, d, kG, kH, window, &pr)) continue;
+    const float* qp = pr.q;
+    float* op = pr.out;
+    const uint16_t *kp = pr.k, *vp = pr.v;
+    const int64_t n = pr.n;
     __m512bh qv[kG][kC];
     for (int g = 0; g < kG; ++g)
       for (int c = 0; c < kC; ++c)
@@ -198,7 +189,6 @@ void attend_pairs_bf16(const float* q, const uint16_t* keys, const uint16_t* val
     const __m512 vscale = _mm512_set1_ps(scale);
     for (int64_t s0 = 0; s0 < n; s0 += 16) {
       const int m = static_cast<int>(std::min<int64_t>(16, n - s0));
-      ahead(s0);
       for (int g = 0; g < kG; ++g) {
         __m512 dots[16];
         for (int j = 0; j < 16; ++j) {
@@ -216,24 +206,13 @@ void attend_pairs_bf16(const float* q, const uint16_t* keys, const uint16_t* val
     }
     for (int g = 0; g < kG; ++g) {
       float* sg = scores.data() + g * (S + 16);
-      if (softcap > 0.0f)
-        for (int64_t s = 0; s < n; ++s) sg[s] = std::tanh(sg[s] / softcap) * softcap;
-      float mx = sg[0];
-      for (int64_t s = 1; s < n; ++s) mx = std::max(mx, sg[s]);
-      float sum = 0.0f;
-      for (int64_t s = 0; s < n; ++s) {
-        sg[s] = std::exp(sg[s] - mx);
-        sum += sg[s];
-      }
-      const float inv = 1.0f / sum;
-      for (int64_t s = 0; s < n; ++s) sg[s] = round_to_bf16(sg[s] * inv);
+      softmax_to_bf16(sg, n, softcap);
       sg[n] = 0.0f;  // the partner of an odd last slot
     }
     __m512 va[kG][kC][2];
     for (int g = 0; g < kG; ++g)
       for (int c = 0; c < kC; ++c) va[g][c][0] = va[g][c][1] = _mm512_setzero_ps();
     for (int64_t s = 0; s < n; s += 2) {
-      if (s % 16 == 0) ahead(n + s);
       const uint16_t* v0 = vp + s * kH;
       const uint16_t* v1 = v0 + kH;
       const bool pair_ok = s + 1 < n;
