@@ -113,8 +113,8 @@ def test_gateway_link_flap_then_an_engine_host_cut_mid_push_for_20_s(cluster_box
     wire, and stays cut for 20 s: the gateway drops it for missed heartbeats (the reason in
     the events), its leases go back, the publisher re-plans on engine A (a data-plane peer
     that vanished mid-push) and the run goes on. When the link is back, engine B registers
-    again (the same process: launch.engine_rejoin_s), loads the current version before any
-    lease, and serves. Counts: each of 12 steps once at versions 1..12, every group counted
+    again (the same process: launch.engine_rejoin_s), holds or loads the current version before
+    any lease, and serves. Counts: each of 12 steps once at versions 1..12, every group counted
     once (`submitted == trained + filtered + in_flight`), no sample id trained twice."""
     steps = 12
     box = cluster_box(["node0", "node1", "node2", "node3"])
@@ -157,16 +157,19 @@ def test_gateway_link_flap_then_an_engine_host_cut_mid_push_for_20_s(cluster_box
         assert not [e for e in events if e["event"] == "loaded" and e["engine"] == engine_b
                     and published["version"] <= e["version"] and e["t"] < t_cut + 20]  # fmt: skip
         assert [e["engine"] for e in events if e["event"] == "leases_requeued"][:1] == [engine_b]
-        # back: engine B registers again (a new engine id, the same host), loads the version that
-        # is current then before its first lease, and serves
+        # back: engine B registers again (a new engine id, the same host), holding the version
+        # that is current then or loading it before its first lease, and serves. It may hold it
+        # already: a push of 2 Mbit/s lands in about 2 s, so when the cut takes hold late its
+        # load completed and only the report of it was lost
         again = [e for e in events if e["event"] == "registered" and e["t"] > t_cut]
         assert len(again) == 1 and again[0]["engine"].startswith("engine1-node3"), again
-        reborn = again[0]["engine"]
+        reborn, current = again[0]["engine"], again[0]["current"]
         loads = [e for e in events if e["event"] == "loaded" and e["engine"] == reborn]
         leases = [e for e in events if e["event"] == "leased" and e["engine"] == reborn]
-        assert loads and leases and loads[0]["t"] < leases[0]["t"]
-        assert loads[0]["version"] >= again[0]["current"]
-        assert all(e["weight_version"] >= loads[0]["version"] for e in leases)
+        assert loads and leases
+        if again[0]["weight_version"] < current:  # stale at rejoin: it loads before any lease
+            assert loads[0]["t"] < leases[0]["t"] and loads[0]["version"] >= current
+        assert all(e["weight_version"] >= current for e in leases)  # never a stale lease
         later_a = [e for e in events if e["event"] == "loaded" and e["engine"] == engine_a]
         assert max(e["version"] for e in later_a) == steps
     except AssertionError as err:  # the whole story of the run, for a failure seen in CI only
