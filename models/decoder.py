@@ -186,11 +186,12 @@ class Decoder(nnx.Module):
         also cost a copy of it per loop call (15-19 ms at SmolLM2)."""
         cfg = self.cfg
         table = self.embed.embedding[...]
-        if by_bits and table.dtype == jnp.bfloat16 and embed_kernel.active():
-            rows = embed_kernel.embed_rows(table, tokens)  # the rows alone, no table copy
-        elif by_bits and table.dtype == jnp.bfloat16:
-            bits = jnp.take(jax.lax.bitcast_convert_type(table, jnp.uint16), tokens, axis=0)
-            rows = from_storage(bits, jnp.bfloat16)  # the cache's bits read, `models.kv_cache`
+        if by_bits and table.dtype == jnp.bfloat16:
+            if embed_kernel.active():
+                rows = embed_kernel.embed_rows(table, tokens)  # the rows alone, no table copy
+            else:
+                bits = jnp.take(jax.lax.bitcast_convert_type(table, jnp.uint16), tokens, axis=0)
+                rows = from_storage(bits, jnp.bfloat16)  # the cache's bits, `models.kv_cache`
         else:
             rows = jnp.take(table, tokens, axis=0)
         x = rows.astype(cfg.dtype)  # [B, T, D]

@@ -78,3 +78,66 @@ def test_a_native_cached_forward_copies_no_table_and_no_out_projection(
     np.testing.assert_array_equal(np.asarray(got), np.asarray(outside))
     free, _ = model(tokens, positions)
     np.testing.assert_allclose(np.asarray(got), np.asarray(free), atol=0.05, rtol=0)
+
+
+def test_a_table_of_the_wrong_rank_is_refused() -> None:
+    """A 3-D table (a caller's bug): ValueError naming what the kernel takes, before any call."""
+    table = jnp.zeros((2, 50, 24), jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"2-D bfloat16 table, got bfloat16\(2, 50, 24\)"):
+        embed_rows(table, jnp.zeros((3,), jnp.int32))
+
+
+def test_without_a_compiler_the_lookup_falls_back_and_gives_the_same_logits(
+    tiny_checkpoint, tmp_path
+) -> None:
+    """A process where the kernel cannot be built (CXX names no program, a fresh kernel
+    cache): `available()` is False with a warning, `embed_rows` raises RuntimeError, and a
+    cached bf16 forward traced inside `native_scope` takes the bits lookup (no FFI call in
+    its program) and gives exactly the logits this process gets with the kernel."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    path = str(tiny_checkpoint("smollm2"))
+    code = (
+        "import json, jax, jax.numpy as jnp, numpy as np\n"
+        "from flax import nnx\n"
+        "from models.checkpoints.hf_io import load_hf_checkpoint\n"
+        "from models.kernels import embed_rows as k\n"
+        "from models.kernels.scope import native_scope\n"
+        "from models.kv_cache import KVCache\n"
+        f"cfg, m = load_hf_checkpoint({path!r}, dtype='bfloat16')\n"
+        "g, p = nnx.split(m)\n"
+        "toks = jnp.asarray([[5], [9], [11]], jnp.int32)\n"
+        "pos = jnp.zeros((3, 1), jnp.int32)\n"
+        "cache = KVCache.init(cfg, 3, 8, bits=True)\n"
+        "def f(p, t, c):\n"
+        "    with native_scope():\n"
+        "        return nnx.merge(g, p)(t, pos, c)[0]\n"
+        "hlo = jax.jit(f).lower(p, toks, cache).as_text()\n"
+        "try:\n"
+        "    k.embed_rows(p['embed']['embedding'][...], toks)\n"
+        "    err = ''\n"
+        "except RuntimeError as e:\n"
+        "    err = str(e)\n"
+        "logits = np.asarray(jax.jit(f)(p, toks, cache), np.float32).tolist()\n"
+        "print(json.dumps({'available': k.available(), 'ffi': 'JaxrlEmbedRows' in hlo,\n"
+        "                  'error': err, 'logits': logits}))\n"
+    )
+
+    def run(env_extra: dict) -> tuple[dict, str]:
+        env = {**os.environ, "JAX_PLATFORMS": "cpu", **env_extra}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, timeout=300, check=True)  # fmt: skip
+        return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+
+    off, stderr = run({"CXX": "no-such-compiler-xyz", "XDG_CACHE_HOME": str(tmp_path)})
+    on, _ = run({})
+    assert not off["available"] and not off["ffi"], off
+    assert off["error"] == "the native embed_rows kernel is not available"
+    assert "the native kernel embed_rows is off" in stderr
+    assert on["available"] and on["ffi"] and on["error"] == ""
+    a, b = np.asarray(off["logits"]), np.asarray(on["logits"])
+    assert a.shape == (3, 1, a.shape[-1]) and np.isfinite(a).all()
+    np.testing.assert_array_equal(a, b)
