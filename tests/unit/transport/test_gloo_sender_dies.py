@@ -1,9 +1,10 @@
 """A gloo sender process killed in the middle of a version: the receiver fails at once with a
-clear error (not at its timeout), nothing of the version is committed, its group is released,
-and its reused receive buffers are left to what still holds them."""
+clear error (the broken connection, not its timeout), nothing of the version is committed, its
+group is released, and its reused receive buffers are left to what still holds them."""
 
 import multiprocessing
 import os
+import re
 import signal
 import time
 
@@ -15,6 +16,8 @@ from transport.gloo import GlooReceiver, GlooSender
 from transport.manifest import Manifest
 
 SHAPES = [(f"w{i}", (1024, 1024)) for i in range(12)]  # 12 buckets of 4 MiB (fp32)
+TIMEOUT_S = 120  # far above the ~1 s this takes, so a loaded host cannot turn a detection into
+# a timeout; the test tells them apart by the error's cause, not by the clock
 
 
 def _manifest() -> Manifest:
@@ -23,7 +26,7 @@ def _manifest() -> Manifest:
 
 def _send_forever(ports) -> None:
     """Child: a sender that pushes version 1 (then waits to be killed)."""
-    sender = GlooSender("127.0.0.1", 0, 1, timeout_s=30)
+    sender = GlooSender("127.0.0.1", 0, 1, timeout_s=TIMEOUT_S)
     ports.put(sender.port)
     tensors = {n: torch.full(s, float(i)) for i, (n, s) in enumerate(SHAPES)}
     sender.send(_manifest(), tensors.items())
@@ -36,7 +39,7 @@ def test_a_sender_killed_mid_version_fails_the_receiver_fast_and_commits_nothing
     child = ctx.Process(target=_send_forever, args=(ports,))
     child.start()
     try:
-        receiver = GlooReceiver("127.0.0.1", ports.get(timeout=60), 1, 2, timeout_s=30)
+        receiver = GlooReceiver("127.0.0.1", ports.get(timeout=60), 1, 2, timeout_s=TIMEOUT_S)
         receiver.connect()
         loaded: list[str] = []
 
@@ -47,10 +50,11 @@ def test_a_sender_killed_mid_version_fails_the_receiver_fast_and_commits_nothing
                 os.kill(child.pid, signal.SIGKILL)
                 child.join(10)
 
-        t0 = time.monotonic()
-        with pytest.raises(TransferError, match="receiving version 1 failed"):
+        with pytest.raises(TransferError, match="receiving version 1 failed") as failed:
             receiver.receive(_manifest(), on_bucket)
-        assert time.monotonic() - t0 < 25  # the broken connection, not the 30 s timeout
+        # the broken connection (gloo: "Connection closed by peer" / "reset"), not the timeout
+        assert re.search(r"closed|reset", str(failed.value), re.I), failed.value
+        assert not re.search(r"timed? ?out", str(failed.value), re.I), failed.value
         assert 1 <= len(loaded) < len(SHAPES)  # the commit never came: the engine keeps its old
         assert receiver._group is None  # released: nothing of the group left waiting
         receiver.close()
