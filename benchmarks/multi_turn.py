@@ -170,7 +170,7 @@ class TurnClock:
 def engine_counters(backend) -> dict[str, float]:
     """The engine's running totals the breakdown reads: the JAX engine's decode steps, prompt
     rows prefilled whole, turns continued in their slot (slot memory) and history tokens they
-    did not prefill again;
+    did not prefill again, prompt tokens prefilled behind a shared prefix;
     vLLM's prefix-cache queries and hits (tokens, its ``vllm:prefix_cache_*`` counters)."""
     replicas = getattr(getattr(backend, "engine", None), "replicas", None)
     if replicas is not None:
@@ -179,6 +179,7 @@ def engine_counters(backend) -> dict[str, float]:
             "prefilled_rows": sum(r.prefilled_rows for r in replicas),
             "continued": sum(r.continued for r in replicas),
             "reused_tokens": sum(r.reused_tokens for r in replicas),
+            "shared_prefix_tokens": sum(r.shared_prefix_tokens for r in replicas),
         }
     from rollout_engine.vllm.prefix_cache import prefix_cache_counts
 

@@ -103,6 +103,10 @@ class JaxOptions(BaseModel):
     step's attention over the bf16 (bits) KV cache (`models.kernels.decode_attention`) and
     the token embedding lookup of a bf16 table (`models.kernels.embed_rows`); false, or
     where they cannot be built: XLA's."""
+    shared_prefix_min: int = Field(default=16, ge=0)
+    """The fewest tokens a prefix shared by the prompts of one prefill call must have to be
+    prefilled once, each prompt then prefilling only the rest behind its KV (a chat
+    template's system prompt; `BatcherConfig.shared_prefix_min`); 0: off."""
     kv_cache_dtype: Literal["auto", "bfloat16", "float32"] = "auto"
     """The KV cache's dtype; auto: the engine dtype. A float32 engine with a bfloat16 cache
     keeps float32 matmuls (faster than bfloat16 ones on a CPU without bf16 instructions)

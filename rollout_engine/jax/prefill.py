@@ -85,6 +85,26 @@ class PrefillBatch:
     routes: jax.Array | None = None
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class SharedPrefix:
+    """The KV of a prompt prefix that several prompts share, computed once (one row).
+
+    Attributes:
+        cache: per layer ``[1, K, Tp, H]`` (head-major), Tp the prefix's `length_bucket`;
+            positions ``>= length`` hold garbage (every suffix token overwrites or masks them).
+        length: ``[]`` int32, the prefix's length in tokens (n0 <= Tp).
+    """
+
+    cache: KVCache
+    length: jax.Array
+
+    @property
+    def bucket(self) -> int:
+        """Tp, the prefix's cache positions (static)."""
+        return int(self.cache.k[0].shape[2])
+
+
 def _prefill(
     graphdef: nnx.GraphDef,
     cfg: ModelConfig,
@@ -93,11 +113,22 @@ def _prefill(
     params: nnx.State,
     tokens: jax.Array,
     lengths: jax.Array,
+    prefix: SharedPrefix | None = None,
 ) -> PrefillBatch:
     model = nnx.merge(graphdef, params)
     p, t = tokens.shape
     empty = KVCache.init(cfg, p, t, cache_dtype, bits=kv_bits)
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (p, t))
+    if prefix is not None:  # the suffixes at positions n0 onward, over the prefix's KV
+
+        def behind(pre: jax.Array, new: jax.Array) -> jax.Array:  # [P, K, Tp + T, H]
+            return jnp.concatenate([jnp.broadcast_to(pre, (p, *pre.shape[1:])), new], axis=2)
+
+        empty = KVCache(
+            k=tuple(map(behind, prefix.cache.k, empty.k)),
+            v=tuple(map(behind, prefix.cache.v, empty.v)),
+        )
+        positions = positions + prefix.length
     routes = None
     with jax.named_scope("prefill"):
         if cfg.num_experts:  # record the routers' choices for routing replay
@@ -107,6 +138,8 @@ def _prefill(
             hidden, cache = model.hidden(tokens, positions, empty)  # [P, T, D]
     last = hidden[jnp.arange(p), lengths - 1]  # [P, D]
     assert cache is not None  # a prefill given a cache returns it filled
+    if prefix is not None:
+        lengths = lengths + prefix.length
     return PrefillBatch(cache, model.logits(last), lengths, routes=routes)
 
 
@@ -156,22 +189,27 @@ class Prefiller:
             raise ValueError(f"batch must be >= 1, got {batch}")
         self.batch = batch
         self.out_sharding = out_sharding
-        self._compiled: dict[tuple[int, int], Callable[..., PrefillBatch]] = {}
+        self._compiled: dict[tuple[int, int, int], Callable[..., PrefillBatch]] = {}
 
     @property
     def buckets(self) -> list[tuple[int, int]]:
-        """The (P, T) shapes compiled so far (each compiled exactly once)."""
-        return sorted(self._compiled)
+        """The (P, T) shapes compiled so far (each compiled exactly once; one compiled both
+        alone and behind a `SharedPrefix` listed once; a shared prefix's own row P = 1)."""
+        return sorted({(p, t) for p, t, _ in self._compiled})
 
-    def pad(self, prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-        """Right-pad prompts into a bucket: ``tokens [P, T]`` int32 and ``lengths [P]`` int32.
+    def pad(
+        self, prompts: Sequence[Sequence[int]], batch: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Right-pad prompts into a bucket: ``tokens [P, T]`` int32 and ``lengths [P]`` int32,
+        P = next_pow2(`batch`), by default the prefiller's ``batch``.
 
         Raises:
-            ValueError: no prompts or more than ``batch``, an empty prompt, or a prompt longer
+            ValueError: no prompts or more than `batch`, an empty prompt, or a prompt longer
                 than ``max_len``.
         """
-        if not prompts or len(prompts) > self.batch:
-            raise ValueError(f"prefill takes 1 to {self.batch} prompts, got {len(prompts)}")
+        batch = self.batch if batch is None else batch
+        if not prompts or len(prompts) > batch:
+            raise ValueError(f"prefill takes 1 to {batch} prompts, got {len(prompts)}")
         lengths = [len(p) for p in prompts]
         if min(lengths) < 1:
             raise ValueError("every prompt needs at least one token, got an empty prompt")
@@ -180,7 +218,7 @@ class Prefiller:
                 f"a prompt has {max(lengths)} tokens, more than max_len={self.max_len}"
             )
         t = min(length_bucket(max(lengths), self.min_len), self.max_len)
-        p = next_pow2(self.batch)
+        p = next_pow2(batch)
         tokens = np.full((p, t), self.pad_id, np.int32)
         lens = np.ones(p, np.int32)
         for i, prompt in enumerate(prompts):
@@ -188,10 +226,40 @@ class Prefiller:
             lens[i] = len(prompt)
         return tokens, lens
 
-    def __call__(self, params: nnx.State, prompts: Sequence[Sequence[int]]) -> PrefillBatch:
-        """Prefill ``prompts`` (lists of token ids) with ``params``; row i is prompt i."""
-        tokens, lengths = self.pad(prompts)
-        shape = tokens.shape
+    def fits(self, prefix: SharedPrefix, suffixes: Sequence[Sequence[int]]) -> bool:
+        """Whether ``suffixes`` prefill behind `prefix` within ``max_len`` cache positions
+        (its bucket Tp plus the suffixes' T bucket)."""
+        longest = max((len(x) for x in suffixes), default=0)
+        return longest >= 1 and prefix.bucket + length_bucket(longest, self.min_len) <= (
+            self.max_len
+        )
+
+    def __call__(
+        self,
+        params: nnx.State,
+        prompts: Sequence[Sequence[int]],
+        prefix: SharedPrefix | None = None,
+        *,
+        batch: int | None = None,
+    ) -> PrefillBatch:
+        """Prefill ``prompts`` (lists of token ids) with ``params``; row i is prompt i.
+
+        With `prefix` (`shared_prefix`), ``prompts`` are the suffixes that follow its n0
+        tokens: they run at positions n0 onward over its KV (attending to it as to their own
+        earlier tokens), and row i of the result is the whole prompt: cache
+        ``[P, K, Tp + T, H]`` (prefix then suffix; positions past ``lengths[i]`` garbage),
+        ``lengths[i] = n0 + len(prompts[i])``. `batch`: see `pad`.
+
+        Raises:
+            ValueError: see `pad`; a prefix and suffixes that do not `fit`.
+        """
+        if prefix is not None and not self.fits(prefix, prompts):
+            raise ValueError(
+                f"a prefix of bucket {prefix.bucket} and suffixes of up to "
+                f"{max(map(len, prompts), default=0)} tokens exceed max_len={self.max_len}"
+            )
+        tokens, lengths = self.pad(prompts, batch)
+        shape = (*tokens.shape, 0 if prefix is None else prefix.bucket)
         fn = self._compiled.get(shape)
         if fn is None:
             body = scoped(
@@ -203,4 +271,18 @@ class Prefiller:
             else:
                 fn = jax.jit(body, out_shardings=self.out_sharding)
             self._compiled[shape] = fn
-        return fn(params, tokens, lengths)
+        if prefix is None:
+            return fn(params, tokens, lengths)
+        return fn(params, tokens, lengths, prefix)
+
+    def shared_prefix(self, params: nnx.State, tokens: Sequence[int]) -> SharedPrefix:
+        """The KV of ``tokens`` (n0 >= 1 of them, a prefix several prompts share) computed in
+        one row, for `__call__`'s ``prefix``. The idea of vLLM's automatic prefix caching
+        (a prefix's KV computed once, every prompt that starts with it prefilling only the
+        rest), for the prompts of one prefill.
+
+        Raises:
+            ValueError: no tokens, or more than ``max_len``.
+        """
+        pre = self(params, [tokens], batch=1)  # one row, not a padded batch of copies
+        return SharedPrefix(pre.cache, jnp.asarray(len(tokens), jnp.int32))
