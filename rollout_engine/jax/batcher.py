@@ -588,21 +588,20 @@ class ContinuousBatcher:
         """One prefill call over ``chunk``'s prompts: behind their shared prefix
         (`BatcherConfig.shared_prefix_min`) where they have one, else each whole."""
         n0 = self._shared_length(chunk)
-        if n0:
-            key = chunk[0][:n0]
-            prefix = self._prefix_kv.get(key)
-            if prefix is None:
-                prefix = self.prefiller.shared_prefix(self.params, key)
-                self.prefixes_prefilled += 1
-                self._prefix_kv[key] = prefix
-                while len(self._prefix_kv) > PREFIX_CACHE_ENTRIES:
-                    self._prefix_kv.popitem(last=False)
-            self._prefix_kv.move_to_end(key)
-            suffixes = [c[n0:] for c in chunk]
-            if self.prefiller.fits(prefix, suffixes):
-                self.shared_prefix_tokens += n0 * len(chunk)
-                return self.prefiller(self.params, suffixes, prefix)
-        return self.prefiller(self.params, chunk)
+        suffixes = [c[n0:] for c in chunk]
+        if not n0 or not self.prefiller.fits(n0, suffixes):
+            return self.prefiller(self.params, chunk)
+        key = chunk[0][:n0]
+        prefix = self._prefix_kv.get(key)
+        if prefix is None:
+            prefix = self.prefiller.shared_prefix(self.params, key)
+            self.prefixes_prefilled += 1
+            self._prefix_kv[key] = prefix
+            while len(self._prefix_kv) > PREFIX_CACHE_ENTRIES:
+                self._prefix_kv.popitem(last=False)
+        self._prefix_kv.move_to_end(key)
+        self.shared_prefix_tokens += n0 * len(chunk)
+        return self.prefiller(self.params, suffixes, prefix)
 
     def _shared_length(self, chunk: list[tuple[int, ...]]) -> int:
         """n0: the longest prefix, a multiple of 8 of at least ``shared_prefix_min`` tokens,

@@ -226,13 +226,12 @@ class Prefiller:
             lens[i] = len(prompt)
         return tokens, lens
 
-    def fits(self, prefix: SharedPrefix, suffixes: Sequence[Sequence[int]]) -> bool:
-        """Whether ``suffixes`` prefill behind `prefix` within ``max_len`` cache positions
-        (its bucket Tp plus the suffixes' T bucket)."""
+    def fits(self, prefix_len: int, suffixes: Sequence[Sequence[int]]) -> bool:
+        """Whether ``suffixes`` prefill behind a shared prefix of `prefix_len` tokens within
+        ``max_len`` cache positions (its bucket Tp plus the suffixes' T bucket)."""
         longest = max((len(x) for x in suffixes), default=0)
-        return longest >= 1 and prefix.bucket + length_bucket(longest, self.min_len) <= (
-            self.max_len
-        )
+        tp = min(length_bucket(prefix_len, self.min_len), self.max_len)
+        return longest >= 1 and tp + length_bucket(longest, self.min_len) <= self.max_len
 
     def __call__(
         self,
@@ -253,7 +252,10 @@ class Prefiller:
         Raises:
             ValueError: see `pad`; a prefix and suffixes that do not `fit`.
         """
-        if prefix is not None and not self.fits(prefix, prompts):
+        if prefix is not None and (
+            prefix.bucket != min(length_bucket(int(prefix.length), self.min_len), self.max_len)
+            or not self.fits(int(prefix.length), prompts)
+        ):
             raise ValueError(
                 f"a prefix of bucket {prefix.bucket} and suffixes of up to "
                 f"{max(map(len, prompts), default=0)} tokens exceed max_len={self.max_len}"

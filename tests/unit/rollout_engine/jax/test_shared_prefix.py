@@ -61,15 +61,15 @@ def test_suffixes_that_do_not_fit_behind_the_prefix_are_refused(tiny) -> None:
     _, _, params = tiny
     pre = _prefiller(tiny, max_len=48)
     prefix = pre.shared_prefix(params, list(range(1, 25)))  # bucket 24
-    assert not pre.fits(prefix, [list(range(1, 30))])  # 24 + bucket 32 > 48
-    assert pre.fits(prefix, [list(range(1, 20))])  # 24 + 24
+    assert not pre.fits(24, [list(range(1, 30))])  # 24 + bucket 32 > 48
+    assert pre.fits(24, [list(range(1, 20))])  # 24 + 24
     with pytest.raises(ValueError, match="exceed max_len=48"):
         pre(params, [list(range(1, 30))], prefix)
 
 
-def _batcher(tiny, params=None, **kw) -> ContinuousBatcher:
+def _batcher(tiny, params=None, max_len=80, **kw) -> ContinuousBatcher:
     cfg, graphdef, p = tiny
-    bcfg = BatcherConfig(num_slots=8, max_len=80, prefill_batch=3, steps_per_call=8, **kw)
+    bcfg = BatcherConfig(num_slots=8, max_len=max_len, prefill_batch=3, steps_per_call=8, **kw)
     return ContinuousBatcher(
         cfg, graphdef, p if params is None else params, bcfg, SamplingConfig(temperature=1.0),
         StopConfig(eos_ids=(EOS,), pad_id=1),
@@ -127,6 +127,17 @@ def test_no_sharing_where_it_cannot_serve(tiny, shared, lengths_ok, why) -> None
     got = _run(b, prompts)
     assert b.shared_prefix_tokens == 0 and b.prefixes_prefilled == 0, why
     _assert_same(got, _run(_batcher(tiny, shared_prefix_min=0), prompts))
+
+
+def test_prompts_that_fit_only_whole_are_prefilled_whole(tiny) -> None:
+    rng = np.random.default_rng(3)
+    head = tuple(int(t) for t in rng.integers(1, 64, 40))
+    prompts = [head + tuple(int(t) for t in rng.integers(1, 64, n)) for n in (1, 2, 3)]
+    # whole: bucket 48 <= 54; behind the prefix: 40 + the smallest bucket 16 = 56 > 54
+    b = _batcher(tiny, max_len=54)
+    got = _run(b, prompts)
+    assert b.shared_prefix_tokens == 0 and b.prefixes_prefilled == 0  # not even computed
+    _assert_same(got, _run(_batcher(tiny, max_len=54, shared_prefix_min=0), prompts))
 
 
 def test_a_mixture_of_experts_model_never_shares(tiny_split) -> None:
