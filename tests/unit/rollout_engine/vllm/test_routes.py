@@ -188,7 +188,7 @@ def test_a_cancelled_request_frees_its_routes(engine):
 def test_an_engine_killed_holding_routes_leaves_nothing(engine):
     """The module's last test: it kills the shared engine."""
     loop, backend, _ = engine
-    ours = psutil.Process().children(recursive=True)
+    ours = _engine_processes()
     mapped = {n for n in segments_in_use() if _maps(ours, n)}  # the engine's shared memory
 
     async def kill_mid_request():
@@ -211,6 +211,22 @@ def test_an_engine_killed_holding_routes_leaves_nothing(engine):
     # what the killed processes could not unlink, the next start's sweep removes: none in use
     assert mapped and not mapped & segments_in_use()
     assert set(sweep_stale_segments(min_age_s=0, prefixes=tuple(mapped))) <= mapped
+
+
+def _engine_processes() -> list[psutil.Process]:
+    """This pytest process's descendants but its multiprocessing resource tracker, which
+    the next tests of the same worker use (killed with the engine, a later test saw
+    "resource_tracker: process died unexpectedly") and the zombies earlier tests left."""
+    procs = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and not any(
+                "resource_tracker" in part for part in p.cmdline()
+            ):
+                procs.append(p)
+        except psutil.Error:
+            continue
+    return procs
 
 
 def _maps(procs, name: str) -> bool:
