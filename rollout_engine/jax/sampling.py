@@ -132,6 +132,21 @@ def inverse_cdf_draw(weights: jax.Array, uniforms: jax.Array) -> jax.Array:
     return (j * CDF_BLOCK + i).astype(jnp.int32)
 
 
+def first_argmax(x: jax.Array) -> jax.Array:
+    """``jnp.argmax(x, axis=-1)`` of ``x [B, V]`` as ``[B]`` int32 (the first index of the
+    row's largest entry; of its first NaN if it has one), computed as a max, then the smallest
+    index holding it: two single-operand reductions that XLA's CPU backend vectorises, where
+    its argmax is one (value, index) reduction that it does not. SmolLM2's 49,152-entry rows,
+    64 of them: 6.9 ms of a 100 ms decode step as ``jnp.argmax`` (a per-thunk trace; AMD EPYC,
+    avx512_bf16)."""
+    v = x.shape[-1]
+    index = jnp.arange(v, dtype=jnp.int32)
+    top = jnp.max(x, axis=-1, keepdims=True)
+    first_top = jnp.min(jnp.where(x == top, index, v), axis=-1)
+    first_nan = jnp.min(jnp.where(jnp.isnan(x), index, v), axis=-1)
+    return jnp.where(first_nan < v, first_nan, first_top).astype(jnp.int32)
+
+
 def _last_positive(x: jax.Array) -> jax.Array:
     """``[B]`` int32 index of the last positive entry of each row of ``x [B, n]`` (0 if none)."""
     index = jnp.arange(x.shape[-1], dtype=jnp.int32)
@@ -191,7 +206,7 @@ def sample(
     temperature = 1.0 if config.greedy else config.temperature
     scaled = logits.astype(jnp.float32) / jnp.float32(temperature)
     truncated = truncate_logits(scaled, top_k=config.top_k, top_p=config.top_p)
-    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32) if config.greedy else None
+    greedy = first_argmax(logits) if config.greedy else None
     return draw_logprob(truncated, jax.vmap(jax.random.uniform)(keys), greedy)
 
 
@@ -275,5 +290,5 @@ def sample_rows(
     scaled = logits.astype(jnp.float32) / temperature[:, None]
     if truncate:
         scaled = truncate_logits_rows(scaled, rows.top_k, rows.top_p)
-    argmax = jnp.where(greedy, jnp.argmax(logits, axis=-1).astype(jnp.int32), -1)
+    argmax = jnp.where(greedy, first_argmax(logits), -1)
     return draw_logprob(scaled, jax.vmap(jax.random.uniform)(keys), argmax)

@@ -8,6 +8,7 @@ import pytest
 from rollout_engine.jax.sampling import (
     CDF_BLOCK,
     SamplingConfig,
+    first_argmax,
     inverse_cdf_draw,
     sample,
     truncate_logits,
@@ -177,3 +178,19 @@ def test_targets_near_the_rounded_end_of_a_block_never_draw_a_zero_weight_token(
     u = 1.0 - 2.0 ** -rng.integers(22, 25, len(rows)).astype(np.float32)
     tokens = np.asarray(inverse_cdf_draw(jnp.asarray(w), jnp.asarray(u, jnp.float32)))
     assert np.all(w[np.arange(len(rows)), tokens] > 0), tokens
+
+
+def test_first_argmax_is_jnp_argmax_with_ties_nan_and_infinite_rows() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((6, 49_152)).astype(np.float32)
+    x[1, [7, 300, 40_000]] = 9.0  # a tie of the max: the first index
+    x[2, [5, 60]] = np.nan  # a NaN row: its first NaN
+    x[3] = -np.inf  # nothing finite: index 0
+    x[4, 49_151] = 50.0  # the max at the last index
+    x[5, :3] = np.inf
+    got = np.asarray(jax.jit(first_argmax)(jnp.asarray(x)))
+    want = np.asarray(jnp.argmax(jnp.asarray(x), axis=-1))
+    np.testing.assert_array_equal(got, want)
+    assert got.dtype == np.int32 and got[1:].tolist() == [7, 5, 0, 49_151, 0]
+    xb = jnp.asarray(x).astype(jnp.bfloat16)  # bf16 logits: the same rule
+    np.testing.assert_array_equal(np.asarray(first_argmax(xb)), np.asarray(jnp.argmax(xb, -1)))
