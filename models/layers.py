@@ -118,7 +118,7 @@ def _materialized(x: jax.Array) -> jax.Array:
     each entry x·1 plus zeros, exact for finite x), as a product XLA cannot fuse into the
     consumers. XLA:CPU otherwise fuses the rope's cos and sin into the rotation and
     evaluates them once per head element: SmolLM2 bf16 decode, 64 rows, 6.0 -> 2.5 ms of
-    a 93 ms step in those fusions (a per-thunk trace; AMD EPYC, avx512_bf16). An
+    a 93 ms step in those fusions (a per-thunk trace, docs/benchmarks.md). An
     `optimization_barrier` or a `max(x, x)` is simplified away first."""
     eye = jnp.eye(x.shape[-1], dtype=jnp.float32)
     return jnp.einsum("...h,hk->...k", x, eye, precision=jax.lax.Precision.HIGHEST)

@@ -137,8 +137,8 @@ def first_argmax(x: jax.Array) -> jax.Array:
     row's largest entry; of its first NaN if it has one), computed as a max, then the smallest
     index holding it: two single-operand reductions that XLA's CPU backend vectorises, where
     its argmax is one (value, index) reduction that it does not. SmolLM2's 49,152-entry rows,
-    64 of them: 6.9 ms of a 100 ms decode step as ``jnp.argmax`` (a per-thunk trace; AMD EPYC,
-    avx512_bf16)."""
+    64 of them: 6.9 ms of a 100 ms decode step as ``jnp.argmax`` (a per-thunk trace,
+    docs/benchmarks.md)."""
     v = x.shape[-1]
     index = jnp.arange(v, dtype=jnp.int32)
     top = jnp.max(x, axis=-1, keepdims=True)
