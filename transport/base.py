@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mappings.shards import Region
+from transport.cast_kernel import transpose_cast
 from transport.manifest import Manifest, ManifestError, bucket_layout
 from transport.reshard import pieces_for
 
@@ -189,10 +190,15 @@ def copy_cast(dst: torch.Tensor, src: torch.Tensor) -> None:
     strided copy-and-cast element by element is the slowest part of packing on CPU (1.7x the
     time of the two passes, `pack_s` of `benchmarks/weight_sync.py`).
 
+    A float32 view of that kind (or a slice of its rows) cast to bfloat16 goes through the
+    native kernel instead (`transport.cast_kernel`: one pass, 16 x 16 tiles), where built.
+
     Args:
         dst: the destination, contiguous, of `src`'s shape.
         src: any torch tensor of that shape.
     """
+    if transpose_cast(dst, src):
+        return
     t = src.T if src.dim() == 2 else None
     if (
         t is not None and src.dtype != dst.dtype and not src.is_contiguous()

@@ -57,9 +57,10 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def library_path(name: str) -> Path:
-    """Where the compiled ``NAME.cc`` of this source, flags, jaxlib and CPU is cached."""
-    source = (_HERE / f"{name}.cc").read_bytes()
+def library_path(name: str, folder: Path = _HERE) -> Path:
+    """Where the compiled ``FOLDER/NAME.cc`` (this folder by default) of this source, flags,
+    jaxlib and CPU is cached."""
+    source = (folder / f"{name}.cc").read_bytes()
     key = hashlib.sha256()
     for part in (source, " ".join(FLAGS).encode(), jaxlib.__version__.encode(),
                  _cpu_flags().encode(), platform.machine().encode()):  # fmt: skip
@@ -68,13 +69,14 @@ def library_path(name: str) -> Path:
     return root / "jaxrl" / "kernels" / f"{name}-{key.hexdigest()[:16]}.so"
 
 
-def compile_kernel(name: str) -> Path:
-    """The shared library of ``NAME.cc``, compiled now unless already cached.
+def compile_kernel(name: str, folder: Path = _HERE) -> Path:
+    """The shared library of ``FOLDER/NAME.cc`` (this folder by default; another package's
+    plain C ABI kernel: `transport.cast_kernel`), compiled now unless already cached.
 
     Raises:
         KernelBuildError: no g++ on PATH, or the compiler failed (its output inside).
     """
-    out = library_path(name)
+    out = library_path(name, folder)
     if out.exists():
         return out
     cxx = shutil.which(os.environ.get("CXX", "g++"))
@@ -83,7 +85,7 @@ def compile_kernel(name: str) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
-    cmd = [cxx, *FLAGS, "-I", jax.ffi.include_dir(), str(_HERE / f"{name}.cc"), "-o", tmp,
+    cmd = [cxx, *FLAGS, "-I", jax.ffi.include_dir(), str(folder / f"{name}.cc"), "-o", tmp,
            "-lpthread"]  # fmt: skip
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
