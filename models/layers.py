@@ -14,6 +14,7 @@ from flax import nnx
 from models.axes import constrain, param
 from models.blockwise import blockwise_attention
 from models.config import ModelConfig, RopeConfig
+from models.kernels import bf16_matmul as matmul_kernel
 from models.kernels import decode_attention as decode_kernel
 from models.kernels.scope import in_native_scope
 from models.kv_cache import from_storage, to_storage
@@ -386,8 +387,38 @@ def project(equation: str, x: jax.Array, kernel: jax.Array, dtype: str) -> jax.A
     equation, x, kernel = _flat_contraction(equation, x, kernel)
     if jnp.dtype(dtype) == jnp.float32:
         return jnp.einsum(equation, x, kernel.astype(dtype))
+    if _native_rows(equation, x):
+        k = x.shape[-1]
+        y = matmul_kernel.bf16_matmul(
+            x.reshape(-1, k).astype(dtype), kernel.reshape(k, -1).astype(dtype)
+        )
+        return y.reshape(*x.shape[:-1], *kernel.shape[1:])
     return jnp.einsum(equation, x.astype(dtype), kernel.astype(dtype),
                       preferred_element_type=jnp.float32)  # fmt: skip
+
+
+#: The most rows (x's leading dims multiplied) a bf16 projection takes through the native
+#: kernel inside `models.kernels.scope.native_scope`: the decode step's shapes, where it beats
+#: XLA's dot; at 128 rows the two are level and at a prefill's thousands XLA's is faster
+#: (`benchmarks/bf16_matmul.py`).
+NATIVE_MATMUL_MAX_ROWS = 64
+
+
+def _native_rows(equation: str, x: jax.Array) -> bool:
+    """True where `project`'s bf16 einsum is x [..., K] times a kernel [K, outputs...] giving
+    [..., outputs...] (x's last dim contracted with the kernel's first, nothing else shared),
+    with at most `NATIVE_MATMUL_MAX_ROWS` rows, inside the native scope where
+    `models.kernels.bf16_matmul` is available."""
+    ins, out = equation.split("->")
+    xs, ks = ins.split(",")
+    plain = (
+        len(xs) >= 2 and len(ks) >= 2 and ks[0] == xs[-1] and out == xs[:-1] + ks[1:]
+        and len(set(xs + ks[1:])) == len(xs) + len(ks) - 1
+    )  # fmt: skip
+    rows = 1
+    for d in x.shape[:-1]:
+        rows *= d
+    return plain and 0 < rows <= NATIVE_MATMUL_MAX_ROWS and matmul_kernel.active()
 
 
 def _flat_contraction(

@@ -22,8 +22,9 @@ _NATIVE = contextvars.ContextVar("jaxrl_native_kernels", default=False)
 @contextlib.contextmanager
 def native_scope(on: bool = True) -> Iterator[None]:
     """Within this block (while a function is traced) the native kernels serve where they
-    are available (`models.kernels.decode_attention`, `models.kernels.embed_rows`); outside
-    it, or with ``on=False``, their callers keep the XLA paths."""
+    are available (`models.kernels.decode_attention`, `models.kernels.embed_rows`,
+    `models.kernels.bf16_matmul`); outside it, or with ``on=False``, their callers keep the
+    XLA paths."""
     token = _NATIVE.set(on)
     try:
         yield
