@@ -24,10 +24,10 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
+from models.kernels.build import cpu_flags
 from transport import cast_kernel
 
 SHAPES = {  # (D, F, query heads * head dim, KV heads * head dim, layers)
@@ -56,15 +56,6 @@ def _pass(layers: list[list[torch.Tensor]], out: torch.Tensor, native: bool) -> 
     return time.perf_counter() - t0
 
 
-def _cpu_flags() -> list[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
-    return sorted({f for f in line.split() if f.startswith(("avx512", "amx"))})
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="smollm2", choices=sorted(SHAPES))
@@ -80,7 +71,7 @@ def main() -> None:
         "model": args.model,
         "bytes_out": out_bytes,
         "native_available": native_ok,
-        "cpu_flags": _cpu_flags(),
+        "cpu_flags": sorted(f for f in cpu_flags() if f.startswith(("avx512", "amx"))),
     }
     kinds = ("two_pass", "native") if native_ok else ("two_pass",)
     times: dict[str, list[float]] = {k: [] for k in kinds}

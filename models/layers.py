@@ -7,6 +7,8 @@ Axis legend used in every einsum here:
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -415,9 +417,7 @@ def _native_rows(equation: str, x: jax.Array) -> bool:
         len(xs) >= 2 and len(ks) >= 2 and ks[0] == xs[-1] and out == xs[:-1] + ks[1:]
         and len(set(xs + ks[1:])) == len(xs) + len(ks) - 1
     )  # fmt: skip
-    rows = 1
-    for d in x.shape[:-1]:
-        rows *= d
+    rows = math.prod(x.shape[:-1])
     return plain and 0 < rows <= NATIVE_MATMUL_MAX_ROWS and matmul_kernel.active()
 
 

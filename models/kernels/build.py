@@ -57,6 +57,13 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as the kernel sources test them (``avx512f``, ``avx512_bf16``,
+    ``amx_bf16``, ...; from /proc/cpuinfo, empty where it cannot be read)."""
+    line = _cpu_flags()
+    return frozenset(line.split(":", 1)[1].split()) if line.startswith("flags") else frozenset()
+
+
 def library_path(name: str, folder: Path = _HERE) -> Path:
     """Where the compiled ``FOLDER/NAME.cc`` (this folder by default) of this source, flags,
     jaxlib and CPU is cached."""

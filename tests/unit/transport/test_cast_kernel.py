@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.kernels.build import compile_kernel
+from models.kernels.build import compile_kernel, cpu_flags
 from transport import cast_kernel
 from transport.base import copy_cast
 
@@ -57,7 +57,7 @@ def test_the_library_writes_xlas_bits_on_tiles_and_edges():
         np.testing.assert_array_equal(dst, _xla_bits(src.T))
 
 
-@pytest.mark.skipif(not cast_kernel.available(), reason="no AVX-512F tiles on this CPU")
+@pytest.mark.skipif("avx512f" not in cpu_flags(), reason="no AVX-512F tiles on this CPU")
 def test_a_transposed_view_and_a_row_slice_cast_to_xlas_bits():
     src = _matrix(576, 192, seed=1)  # a k_proj: JAX [D, K*H]
     view = torch.from_numpy(src).T  # [192, 576], strides (1, 192)
