@@ -8,7 +8,7 @@ seven projections (alpha 2r, B drawn with std 0.02 so the adapter is not zero):
   slots with the adapter folded into the kernels (what the engine serves today,
   `rollout_engine.jax.backend` via `models.checkpoints.peft_io.merge_peft`);
 - ``unmerged_step_s``: the same step with the kernels left as the base and PEFT's unmerged
-  x W + (alpha / r) (x A) B in each projection (`models.layers._Proj`, the trainer's forward);
+  x W + (alpha / r) (x A) B in each projection (`models.layers.Projection`, the trainer's forward);
 - ``merge_s``: what merging one version costs the engine: `merge_peft(..., only_adapted=True)`
   of the PEFT tensors a push carries, to the merged kernels on device.
 

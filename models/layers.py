@@ -143,10 +143,10 @@ class Attention(nnx.Module):
         self.cfg = cfg
         self.sliding = cfg.layer_types[layer] == "sliding_attention"
         q_axes, kv_axes = ("embed", "heads", "head_dim"), ("embed", "kv_heads", "head_dim")
-        self.q = _Proj(keys, (D, N, H), q_axes, cfg.attention_bias, p)
-        self.k = _Proj(keys, (D, K, H), kv_axes, cfg.attention_bias, p)
-        self.v = _Proj(keys, (D, K, H), kv_axes, cfg.attention_bias, p)
-        self.o = _Proj(keys, (N, H, D), ("heads", "head_dim", "embed"), cfg.output_bias, p)
+        self.q = Projection(keys, (D, N, H), q_axes, cfg.attention_bias, p)
+        self.k = Projection(keys, (D, K, H), kv_axes, cfg.attention_bias, p)
+        self.v = Projection(keys, (D, K, H), kv_axes, cfg.attention_bias, p)
+        self.o = Projection(keys, (N, H, D), ("heads", "head_dim", "embed"), cfg.output_bias, p)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(H, cfg.rms_norm_eps, cfg.norm_plus_one, p, "head_dim")
             self.k_norm = RMSNorm(H, cfg.rms_norm_eps, cfg.norm_plus_one, p, "head_dim")
@@ -304,19 +304,21 @@ def decode_attention(
     return out.astype(values.dtype)[:, None]  # [B, 1, K, G, H]
 
 
-class _Proj(nnx.Module):
+class Projection(nnx.Module):
     """A projection's params: `kernel` of the given shape and logical axes, [inputs...,
     outputs...], and with `bias` a bias over its output axes (the dims after the first for a
     kernel whose input is the model width `embed`, else the last).
 
     With a LoRA adapter (`models.lora.add_lora`) also `lora_a` [I, r], `lora_b` [r, O], the
     static `lora_scale` alpha / r and `lora_in_dims` (how many leading kernel dims are its
-    inputs); absent otherwise."""
+    inputs); absent otherwise. In the JAX engine's one-device replica also `packed`, the
+    kernel in the native bf16 kernel's layout (`models.packed.with_packed`)."""
 
     lora_a: nnx.LoRAParam
     lora_b: nnx.LoRAParam
     lora_scale: float
     lora_in_dims: int
+    packed: nnx.Variable  # models.packed.PackedKernel
 
     def __init__(
         self,
@@ -364,7 +366,8 @@ class _Proj(nnx.Module):
             adapter's rank-r product runs in `dtype` (bf16 out in the bf16 path, as before
             the float32 residual stream) and is added in float32.
         """
-        y = project(equation, x, self.kernel[...], dtype)
+        packed = self.packed[...] if hasattr(self, "packed") else None
+        y = project(equation, x, self.kernel[...], dtype, packed)
         if not hasattr(self, "lora_a"):
             return y
         n_in = self.lora_in_dims
@@ -374,7 +377,9 @@ class _Proj(nnx.Module):
         return y + delta.reshape(*lead, *self.kernel.shape[n_in:]).astype(y.dtype)
 
 
-def project(equation: str, x: jax.Array, kernel: jax.Array, dtype: str) -> jax.Array:
+def project(
+    equation: str, x: jax.Array, kernel: jax.Array, dtype: str, packed: jax.Array | None = None
+) -> jax.Array:
     """``einsum(equation, x, kernel)`` with both operands in `dtype`, accumulated and returned
     in float32 (`preferred_element_type`) when `dtype` is narrower (bf16): one rounding of the
     operands, none of the products (a bf16 product is exact in float32), and on XLA's CPU
@@ -385,32 +390,44 @@ def project(equation: str, x: jax.Array, kernel: jax.Array, dtype: str) -> jax.A
         equation: e.g. ``"btd,dnh->btnh"`` (x [B, T, D], kernel [D, N, H]).
         x: activations, any float dtype. kernel: the weight, any float dtype.
         dtype: the operand dtype ("float32" or "bfloat16").
+        packed: the kernel flattened to [K, N] and packed once for the native kernel
+            (`models.kernels.bf16_matmul.pack`), or None: where the native kernel serves
+            (`native_rows`) it multiplies by this copy instead of packing the kernel anew.
+
+    Raises:
+        ValueError: `packed` not of the kernel's packed shape, where it serves.
     """
     equation, x, kernel = _flat_contraction(equation, x, kernel)
     if jnp.dtype(dtype) == jnp.float32:
         return jnp.einsum(equation, x, kernel.astype(dtype))
-    if _native_rows(equation, x):
-        k = x.shape[-1]
-        y = matmul_kernel.bf16_matmul(
-            x.reshape(-1, k).astype(dtype), kernel.reshape(k, -1).astype(dtype)
-        )
+    if native_rows(equation, x, packed is not None):
+        k, rows = x.shape[-1], x.reshape(-1, x.shape[-1]).astype(dtype)
+        if packed is not None:
+            y = matmul_kernel.bf16_matmul_packed(rows, packed, math.prod(kernel.shape[1:]))
+        else:
+            y = matmul_kernel.bf16_matmul(rows, kernel.reshape(k, -1).astype(dtype))
         return y.reshape(*x.shape[:-1], *kernel.shape[1:])
     return jnp.einsum(equation, x.astype(dtype), kernel.astype(dtype),
                       preferred_element_type=jnp.float32)  # fmt: skip
 
 
 #: The most rows (x's leading dims multiplied) a bf16 projection takes through the native
-#: kernel inside `models.kernels.scope.native_scope`: the decode step's shapes, where it beats
-#: XLA's dot; at 128 rows the two are level and at a prefill's thousands XLA's is faster
-#: (`benchmarks/bf16_matmul.py`).
+#: kernel inside `models.kernels.scope.native_scope`, packing the weight in the call: the
+#: decode step's shapes, where it beats XLA's dot; at 128 rows the two are level and at a
+#: prefill's thousands XLA's is faster (`benchmarks/bf16_matmul.py`).
 NATIVE_MATMUL_MAX_ROWS = 64
 
+#: The same bound for a projection that holds its weight packed already (`models.packed`):
+#: without the packing the kernel is level with XLA's dot or ahead of it at 128 rows too
+#: (`packed_over_xla` 0.93-1.18), and the 128-row decode step about 5% faster with it.
+PACKED_MATMUL_MAX_ROWS = 128
 
-def _native_rows(equation: str, x: jax.Array) -> bool:
+
+def native_rows(equation: str, x: jax.Array, packed: bool = False) -> bool:
     """True where `project`'s bf16 einsum is x [..., K] times a kernel [K, outputs...] giving
     [..., outputs...] (x's last dim contracted with the kernel's first, nothing else shared),
-    with at most `NATIVE_MATMUL_MAX_ROWS` rows, inside the native scope where
-    `models.kernels.bf16_matmul` is available."""
+    with at most `NATIVE_MATMUL_MAX_ROWS` rows (`PACKED_MATMUL_MAX_ROWS` with the weight
+    `packed`), inside the native scope where `models.kernels.bf16_matmul` is available."""
     ins, out = equation.split("->")
     xs, ks = ins.split(",")
     plain = (
@@ -418,7 +435,8 @@ def _native_rows(equation: str, x: jax.Array) -> bool:
         and len(set(xs + ks[1:])) == len(xs) + len(ks) - 1
     )  # fmt: skip
     rows = math.prod(x.shape[:-1])
-    return plain and 0 < rows <= NATIVE_MATMUL_MAX_ROWS and matmul_kernel.active()
+    bound = PACKED_MATMUL_MAX_ROWS if packed else NATIVE_MATMUL_MAX_ROWS
+    return plain and 0 < rows <= bound and matmul_kernel.active()
 
 
 def _flat_contraction(
@@ -453,9 +471,9 @@ class MLP(nnx.Module):
     def __init__(self, cfg: ModelConfig, keys: KeyStream):
         D, F, p = cfg.hidden_size, cfg.intermediate_size, cfg.param_dtype
         self.cfg = cfg
-        self.gate = _Proj(keys, (D, F), ("embed", "mlp"), False, p)
-        self.up = _Proj(keys, (D, F), ("embed", "mlp"), False, p)
-        self.down = _Proj(keys, (F, D), ("mlp", "embed"), False, p)
+        self.gate = Projection(keys, (D, F), ("embed", "mlp"), False, p)
+        self.up = Projection(keys, (D, F), ("embed", "mlp"), False, p)
+        self.down = Projection(keys, (F, D), ("mlp", "embed"), False, p)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """x: [B, T, D] -> [B, T, D] float32 (`project`); the hidden activation [B, T, F]

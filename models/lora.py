@@ -3,13 +3,13 @@
 A projection with kernel W of shape [inputs..., outputs...] gets two `nnx.LoRAParam`s:
 ``lora_a`` [I, r] and ``lora_b`` [r, O] (I, O the products of the input and output dims, the
 HF / PEFT `in_features` and `out_features` of that `nn.Linear`), and its forward is PEFT's
-unmerged x W + (alpha / r) (x A) B (`models.layers._Proj.__call__`); a merged export or a
+unmerged x W + (alpha / r) (x A) B (`models.layers.Projection.__call__`); a merged export or a
 full-weight push carries W + (alpha / r) · reshape(A @ B, W.shape), equal up to float
 rounding. Init as PEFT's default: A from PEFT's `nn.init.kaiming_uniform_(a=sqrt(5))`,
 uniform in ±sqrt(6 / ((1 + 5) · I)) = ±1 / sqrt(I), B zeros, so a fresh adapter leaves the
 model unchanged.
 
-Why a wrapper around the existing projection (`models.layers._Proj`) and not `nnx.LoRA`:
+Why a wrapper around the existing projection (`models.layers.Projection`) and not `nnx.LoRA`:
 our kernels keep their head axes ([D, N, H], [N, H, D]) with logical axes for sharding, and
 every call site einsums the kernel; `nnx.LoRA` wraps a 2-D `nnx.Linear` call. The
 projection's own call adds the adapter's path beside the kernel's einsum, which keeps one

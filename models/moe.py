@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models.config import ModelConfig
-from models.layers import KeyStream, _Proj
+from models.layers import KeyStream, Projection
 from models.moe_dispatch import dense_dispatch, grouped_dispatch
 
 
@@ -49,9 +49,9 @@ class Experts(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, keys: KeyStream):
         E, D, M, p = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.param_dtype
-        self.gate = _Proj(keys, (E, D, M), ("experts", "embed", "mlp"), False, p)
-        self.up = _Proj(keys, (E, D, M), ("experts", "embed", "mlp"), False, p)
-        self.down = _Proj(keys, (E, M, D), ("experts", "mlp", "embed"), False, p)
+        self.gate = Projection(keys, (E, D, M), ("experts", "embed", "mlp"), False, p)
+        self.up = Projection(keys, (E, D, M), ("experts", "embed", "mlp"), False, p)
+        self.down = Projection(keys, (E, M, D), ("experts", "mlp", "embed"), False, p)
 
 
 def route(logits: jax.Array, top_k: int, norm_topk_prob: bool) -> tuple[jax.Array, jax.Array]:
@@ -102,7 +102,7 @@ class MoE(nnx.Module):
     def __init__(self, cfg: ModelConfig, keys: KeyStream):
         self.cfg = cfg
         self.record = False
-        self.router = _Proj(
+        self.router = Projection(
             keys, (cfg.hidden_size, cfg.num_experts), ("embed", "experts"), False, cfg.param_dtype
         )
         self.experts = Experts(cfg, keys)

@@ -103,6 +103,12 @@ class JaxOptions(BaseModel):
     step's attention over the bf16 (bits) KV cache (`models.kernels.decode_attention`) and
     the token embedding lookup of a bf16 table (`models.kernels.embed_rows`); false, or
     where they cannot be built: XLA's."""
+    packed_weights: bool = True
+    """With `native_attention`, in a bfloat16 engine where the native bf16 kernel runs
+    (`models.kernels.bf16_matmul.available`): each attention and MLP projection and the LM
+    head held a second time in that kernel's layout, packed once per weight version, so
+    that decode skips packing them each call (`models.packed`; one more bf16 copy of those
+    weights). False: packed per call."""
     shared_prefix_min: int = Field(default=16, ge=0)
     """The fewest tokens a prefix shared by the prompts of one prefill call must have to be
     prefilled once, each prompt then prefilling only the rest behind its KV (a chat

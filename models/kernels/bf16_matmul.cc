@@ -10,6 +10,9 @@
 // XLA's intra-op thread pool the others (inline where it has no pool), and this thread waits
 // for them spinning (the shares are short and even).
 //
+// JaxrlBf16MatmulPacked takes w already packed (bf16_matmul.py's pack, once per weight version:
+// [ceil(N/64)][ceil(K/2)][64][2]) and shares panel x 8-row units over the threads.
+//
 // vdpbf16ps treats denormal inputs as zero and rounds to nearest even per instruction (two
 // products and the accumulator): results may differ from XLA's in the last float32 bits.
 // Without AVX512-BF16 the handler refuses (jaxrl_bf16_matmul_supported() says so first).
@@ -102,15 +105,34 @@ using BlockFn = void (*)(const uint16_t*, int64_t, const uint16_t*, float*, int6
 constexpr BlockFn kBlocks[9] = {nullptr,  &block<1>, &block<2>, &block<3>, &block<4>,
                                 &block<5>, &block<6>, &block<7>, &block<8>};
 
-void panels(const uint16_t* x, const uint16_t* w, float* y, int64_t M, int64_t K, int64_t N,
-            int64_t p0, int64_t p1) {
-  std::vector<uint16_t> packed(static_cast<size_t>((K + 1) / 2) * kPanel * 2);
-  for (int64_t p = p0; p < p1; ++p) {
-    const int64_t n0 = p * kPanel;
-    pack_panel(w, K, N, n0, packed.data());
-    for (int64_t m0 = 0; m0 < M; m0 += 8)
-      kBlocks[std::min<int64_t>(8, M - m0)](x, K, packed.data(), y, N, m0, n0);
-  }
+// Rows [m0, m1) of the columns of panel p, from its packed operand.
+void panel_rows(const uint16_t* x, const uint16_t* packed, float* y, int64_t M, int64_t K,
+                int64_t N, int64_t p, int64_t m0, int64_t m1) {
+  for (int64_t m = m0; m < m1; m += 8)
+    kBlocks[std::min<int64_t>(8, std::min(m1, M) - m)](x, K, packed, y, N, m, p * kPanel);
+}
+
+// Shares [0, n) of `count` units, each claimed from a counter by this thread and by tasks on
+// XLA's intra-op pool (inline where it has none); `run(u0, u1)` computes units [u0, u1).
+// This thread waits only for shares a task has claimed, which are running: a task the pool
+// starts late (its threads busy, this call's own among them) finds nothing left and touches
+// nothing but the shared counters it holds.
+template <typename Run>
+void shared(ffi::ThreadPool& pool, int64_t count, int64_t threads, Run run) {
+  const int64_t n = std::max<int64_t>(1, std::min<int64_t>(threads, count));
+  struct Shares {
+    std::atomic<int64_t> next{0}, done{0};
+  };
+  auto shares = std::make_shared<Shares>();
+  auto work = [=](Shares& s) {
+    for (int64_t t; (t = s.next.fetch_add(1, std::memory_order_relaxed)) < n;) {
+      run(count * t / n, count * (t + 1) / n);
+      s.done.fetch_add(1, std::memory_order_release);
+    }
+  };
+  for (int64_t t = 1; t < n; ++t) pool.Schedule([shares, work] { work(*shares); });
+  work(*shares);
+  while (shares->done.load(std::memory_order_acquire) < n) _mm_pause();
 }
 #endif
 
@@ -135,27 +157,57 @@ ffi::Error Bf16MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x,
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.typed_data());
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.typed_data());
   const int64_t count = (N + kPanel - 1) / kPanel;
-  const int64_t n = std::max<int64_t>(1, std::min<int64_t>(threads, count));
-  // Shares are claimed from a counter by this thread and by tasks on XLA's intra-op pool
-  // (inline where it has none). This thread waits only for shares a task has claimed, which
-  // are running: a task the pool starts late (its threads busy, this call's own among them)
-  // finds nothing left and touches nothing but the shared counters it holds.
-  struct Shares {
-    std::atomic<int64_t> next{0}, done{0};
-  };
-  auto shares = std::make_shared<Shares>();
-  auto work = [=](Shares& s) {
-    for (int64_t t; (t = s.next.fetch_add(1, std::memory_order_relaxed)) < n;) {
-      panels(xp, wp, yp, M, K, N, count * t / n, count * (t + 1) / n);
-      s.done.fetch_add(1, std::memory_order_release);
+  // a thread packs each of its panels into its own buffer, then runs every row block on it
+  shared(pool, count, threads, [=](int64_t p0, int64_t p1) {
+    std::vector<uint16_t> packed(static_cast<size_t>((K + 1) / 2) * kPanel * 2);
+    for (int64_t p = p0; p < p1; ++p) {
+      pack_panel(wp, K, N, p * kPanel, packed.data());
+      panel_rows(xp, packed.data(), yp, M, K, N, p, 0, M);
     }
-  };
-  for (int64_t t = 1; t < n; ++t) pool.Schedule([shares, work] { work(*shares); });
-  work(*shares);
-  while (shares->done.load(std::memory_order_acquire) < n) _mm_pause();
+  });
   return ffi::Error::Success();
 #else
   return ffi::Error::InvalidArgument("bf16_matmul: built without AVX512-BF16");
+#endif
+}
+
+// y f32 [M, N] = x bf16 [M, K] @ w, w given packed once per weight version
+// (`bf16_matmul.pack`): [P, ceil(K/2), 64, 2] with P = ceil(N/64), zeros past K and N, the
+// layout pack_panel writes. The work is split in units of one panel by 8 rows, panel-major, so
+// a share runs whole panels' row blocks in turn while its panel stays in the core's caches.
+ffi::Error Bf16MatmulPackedImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x,
+                                ffi::Buffer<ffi::BF16> w, ffi::ResultBuffer<ffi::F32> y,
+                                int64_t threads) {
+  auto xd = x.dimensions();
+  auto wd = w.dimensions();
+  auto yd = y->dimensions();
+  if (xd.size() != 2 || wd.size() != 4 || yd.size() != 2)
+    return ffi::Error::InvalidArgument("bf16_matmul_packed: x, y 2-D and w 4-D");
+  const int64_t M = xd[0], K = xd[1], N = yd[1];
+  if (yd[0] != M || wd[0] != (N + 63) / 64 || wd[1] != (K + 1) / 2 || wd[2] != 64 || wd[3] != 2)
+    return ffi::Error::InvalidArgument("bf16_matmul_packed: mismatched shapes");
+#if JAXRL_HAS_BF16_DOT
+  if (M == 0 || N == 0) return ffi::Error::Success();
+  float* yp = y->typed_data();
+  if (K == 0) {
+    std::fill(yp, yp + M * N, 0.0f);
+    return ffi::Error::Success();
+  }
+  const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.typed_data());
+  const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.typed_data());
+  const int64_t panel = ((K + 1) / 2) * kPanel * 2;  // elements per packed panel
+  const int64_t blocks = (M + 7) / 8;
+  shared(pool, wd[0] * blocks, threads, [=](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1;) {
+      const int64_t p = u / blocks, b0 = u % blocks;
+      const int64_t b1 = std::min(blocks, b0 + (u1 - u));
+      panel_rows(xp, wp + p * panel, yp, M, K, N, p, 8 * b0, std::min(M, 8 * b1));
+      u += b1 - b0;
+    }
+  });
+  return ffi::Error::Success();
+#else
+  return ffi::Error::InvalidArgument("bf16_matmul_packed: built without AVX512-BF16");
 #endif
 }
 
@@ -164,6 +216,14 @@ ffi::Error Bf16MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x,
 extern "C" int jaxrl_bf16_matmul_supported() { return JAXRL_HAS_BF16_DOT; }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxrlBf16Matmul, Bf16MatmulImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("threads"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxrlBf16MatmulPacked, Bf16MatmulPackedImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::BF16>>()

@@ -118,6 +118,7 @@ class JaxBackend(RolloutBackend):
                 kv_bucket=c.kv_bucket,
                 row_bucket=c.row_bucket,
                 native_attention=c.native_attention,
+                packed_weights=c.packed_weights,
                 shared_prefix_min=c.shared_prefix_min,
                 kv_cache_dtype=None if c.kv_cache_dtype == "auto" else c.kv_cache_dtype,
             ),

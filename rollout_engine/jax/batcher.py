@@ -34,6 +34,8 @@ import numpy as np
 from flax import nnx
 
 from models.config import ModelConfig
+from models.kernels import bf16_matmul
+from models.packed import with_packed
 from rollout_engine.jax.decode import make_decode_loop
 from rollout_engine.jax.extend import Extender, common_prefix
 from rollout_engine.jax.insert import make_insert
@@ -91,6 +93,14 @@ class BatcherConfig:
             the cache; the same values up to summation order) and the token embedding
             lookup of a bf16 table in prefill, extension and decode
             (`models.kernels.embed_rows`: the same values). False: XLA's paths.
+        packed_weights: with `native_attention` and the native bf16 projection kernel
+            (`models.kernels.bf16_matmul.available`) in a bfloat16 model, hold each
+            attention and MLP projection and the LM head a second time in that kernel's operand
+            layout, packed once per weight version (`models.packed`: when the replica gets
+            the weights, in the caller's thread), so that decode's projections skip the
+            packing each call does (the same values; the head's differ from XLA's dot in
+            summation order). Costs one more bf16 copy of those weights. False: the kernel
+            packs per call.
         shared_prefix_min: the fewest tokens a prefix shared by the prompts of one prefill
             call must have to be prefilled once: its KV is computed in one row (n0 rounded
             down to a multiple of 8, at most the shortest prompt's length - 1) and each prompt
@@ -119,6 +129,7 @@ class BatcherConfig:
     row_bucket: int = 16
     kv_bits: bool | None = None
     native_attention: bool = True
+    packed_weights: bool = True
     kv_cache_dtype: str | None = None
     shared_prefix_min: int = 16
 
@@ -221,6 +232,13 @@ class ContinuousBatcher:
         if kv_bits is None:
             kv_bits = all(d.platform == "cpu" for d in devices)
         native = cfg.native_attention and mesh is None
+        self._plain_graphdef = graphdef  # what `update_weights`' params split from
+        self._packs = (
+            native and cfg.packed_weights and jnp.dtype(model_cfg.dtype) == jnp.bfloat16
+            and bf16_matmul.available()
+        )  # fmt: skip
+        if self._packs:
+            graphdef, self.params = with_packed(graphdef, params)
         self.prefiller = Prefiller(
             graphdef,
             model_cfg,
@@ -342,8 +360,12 @@ class ContinuousBatcher:
     def update_weights(self, params: nnx.State, version: int) -> None:
         """Use ``params`` from the next safe point on (no copy when already on our devices).
 
-        Thread-safe; when several arrive between two safe points, the last one wins.
+        Thread-safe; when several arrive between two safe points, the last one wins. With
+        `BatcherConfig.packed_weights` in effect the projections are packed here, in the
+        caller's thread, while the replica goes on decoding with the old version.
         """
+        if self._packs:
+            params = with_packed(self._plain_graphdef, params)[1]
         with self._weights_lock:
             self._pending_weights = (params, version)
 

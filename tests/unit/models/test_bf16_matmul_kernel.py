@@ -64,7 +64,7 @@ def test_the_engine_projection_takes_it_in_scope_up_to_the_row_bound():
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=1e-4)
     # a contraction over another dim than the kernel's first never takes it
     with native_scope(True):
-        assert not layers._native_rows("btd,nhd->btnh", small)
+        assert not layers.native_rows("btd,nhd->btnh", small)
 
 
 def test_bad_operands_are_refused():
