@@ -105,6 +105,13 @@ using BlockFn = void (*)(const uint16_t*, int64_t, const uint16_t*, float*, int6
 constexpr BlockFn kBlocks[9] = {nullptr,  &block<1>, &block<2>, &block<3>, &block<4>,
                                 &block<5>, &block<6>, &block<7>, &block<8>};
 
+// An empty product: nothing to write (M or N zero) or zeros (K zero). True when it was one.
+bool empty_product(int64_t M, int64_t K, int64_t N, float* y) {
+  if (M != 0 && N != 0 && K != 0) return false;
+  if (M != 0 && N != 0) std::fill(y, y + M * N, 0.0f);
+  return true;
+}
+
 // Rows [m0, m1) of the columns of panel p, from its packed operand.
 void panel_rows(const uint16_t* x, const uint16_t* packed, float* y, int64_t M, int64_t K,
                 int64_t N, int64_t p, int64_t m0, int64_t m1) {
@@ -148,12 +155,8 @@ ffi::Error Bf16MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x,
   if (wd[0] != K || yd[0] != M || yd[1] != N)
     return ffi::Error::InvalidArgument("bf16_matmul: mismatched shapes");
 #if JAXRL_HAS_BF16_DOT
-  if (M == 0 || N == 0) return ffi::Error::Success();
   float* yp = y->typed_data();
-  if (K == 0) {
-    std::fill(yp, yp + M * N, 0.0f);
-    return ffi::Error::Success();
-  }
+  if (empty_product(M, K, N, yp)) return ffi::Error::Success();
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.typed_data());
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.typed_data());
   const int64_t count = (N + kPanel - 1) / kPanel;
@@ -187,12 +190,8 @@ ffi::Error Bf16MatmulPackedImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x,
   if (yd[0] != M || wd[0] != (N + 63) / 64 || wd[1] != (K + 1) / 2 || wd[2] != 64 || wd[3] != 2)
     return ffi::Error::InvalidArgument("bf16_matmul_packed: mismatched shapes");
 #if JAXRL_HAS_BF16_DOT
-  if (M == 0 || N == 0) return ffi::Error::Success();
   float* yp = y->typed_data();
-  if (K == 0) {
-    std::fill(yp, yp + M * N, 0.0f);
-    return ffi::Error::Success();
-  }
+  if (empty_product(M, K, N, yp)) return ffi::Error::Success();
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.typed_data());
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.typed_data());
   const int64_t panel = ((K + 1) / 2) * kPanel * 2;  // elements per packed panel
