@@ -54,10 +54,10 @@ def memcpy_gb_per_s(num_bytes: int, repeats: int = 3) -> float:
 
 def _gloo_peer(port: int, sizes: list[int], repeats: int, manifests: list[dict]) -> None:
     """The receiving side of `gloo_reference` (a child process): rank 1 of a bare gloo group
-    that takes `repeats` rounds of one broadcast per size of `sizes` into preallocated
-    buffers, then rank 1 of the project's gloo transport (`transport.gloo.GlooReceiver`,
-    the store at `port` + 1) receiving each of `manifests` into a callback that drops the
-    buckets."""
+    taking rounds of one broadcast per size of `sizes` into preallocated buffers, and rank 1
+    of the project's gloo transport (`transport.gloo.GlooReceiver`, the store at `port` + 1)
+    receiving each of `manifests` into a callback that drops the buckets: the first manifest
+    (the warm-up) alone, then raw round i and manifest i + 1 in turn (`_rounds`)."""
     import torch
 
     from transport.gloo import GlooReceiver
@@ -65,19 +65,30 @@ def _gloo_peer(port: int, sizes: list[int], repeats: int, manifests: list[dict])
 
     pg = _bare_gloo_group(port, 1)
     bufs = [torch.empty(n, dtype=torch.uint8) for n in sizes]
-    for _ in range(repeats):
-        cpu0 = time.process_time()
-        for b in bufs:
-            _bare_broadcast(pg, b)
-        # the round's CPU seconds back to the root (psutil's /proc ticks are 10 ms: too coarse)
-        _bare_broadcast(pg, torch.tensor([time.process_time() - cpu0], dtype=torch.float64), 1)
-    del pg
     receiver = GlooReceiver("127.0.0.1", port + 1, 1, 2, timeout_s=120)
     try:
-        for d in manifests:
-            receiver.receive(Manifest.from_dict(d), lambda bucket: None)
+        receiver.receive(Manifest.from_dict(manifests[0]), lambda bucket: None)
+        for raw, send in _rounds(repeats, len(manifests) - 1):
+            if raw:
+                cpu0 = time.process_time()
+                for b in bufs:
+                    _bare_broadcast(pg, b)
+                # the round's CPU seconds back to the root (/proc's 10 ms ticks: too coarse)
+                cpu = torch.tensor([time.process_time() - cpu0], dtype=torch.float64)
+                _bare_broadcast(pg, cpu, 1)
+            if send is not None:
+                receiver.receive(Manifest.from_dict(manifests[send + 1]), lambda bucket: None)
     finally:
         receiver.close()
+        del pg
+
+
+def _rounds(repeats: int, sends: int) -> list[tuple[bool, int | None]]:
+    """The order of `gloo_reference`'s timed rounds: round i is a raw broadcast round (while
+    i < `repeats`), then timed send i (while i < `sends`), so that the two are measured in
+    turn under the same load of the shared cores, not one phase after the other (one run's
+    raw broadcast read 2.86 GB/s and the next one's 1.60 on the same host)."""
+    return [(i < repeats, i if i < sends else None) for i in range(max(repeats, sends))]
 
 
 def _bare_gloo_group(port: int, rank: int):
@@ -136,7 +147,8 @@ def gloo_reference(manifests: list, tensors, repeats: int = 3) -> dict[str, floa
         `raw_gloo_gb_per_s`: the median GB/s (1e9 bytes) of `repeats` rounds of a bare torch
         gloo broadcast of the same bytes, one broadcast per bucket from preallocated buffers
         (nothing packed, nothing loaded: the wire alone); `transport_gb_per_s`: the median
-        GB/s of the project's `GlooSender.send` of each manifest (packing from `tensors`,
+        GB/s of the project's `GlooSender.send` of each manifest after the first, in turn
+        with the raw rounds (`_rounds`) (packing from `tensors`,
         the pipelined broadcast, the commit) into a receiver that drops the buckets: what
         the data plane costs without an engine's load; `pack_gb_per_s`: the median GB/s of
         packing alone (`transport.base.iter_packed` from `tensors` into the sender's kind of
@@ -176,17 +188,6 @@ def gloo_reference(manifests: list, tensors, repeats: int = 3) -> dict[str, floa
         pg = _bare_gloo_group(port, 0)
         if peer.pid is None:
             raise RuntimeError("the gloo reference's receiver did not start")
-        bufs = [torch.ones(n, dtype=torch.uint8) for n in sizes]
-        peer_cpu = torch.empty(1, dtype=torch.float64)
-        raw, raw_cpu = [], 0.0
-        for _ in range(repeats):
-            cpu0, t0 = time.process_time(), time.perf_counter()
-            for b in bufs:
-                _bare_broadcast(pg, b)
-            _bare_broadcast(pg, peer_cpu, 1)  # the receiver holds the round: its CPU seconds
-            raw.append(time.perf_counter() - t0)
-            raw_cpu += time.process_time() - cpu0 + float(peer_cpu[0])
-        del pg, bufs
         pool = BufferPool("cpu")
         packs = []
         for i in range(repeats + 1):
@@ -198,11 +199,25 @@ def gloo_reference(manifests: list, tensors, repeats: int = 3) -> dict[str, floa
             packs.append(time.perf_counter() - t0)
         pack_cpu = time.process_time() - pack_cpu0
         del pool
+        bufs = [torch.ones(n, dtype=torch.uint8) for n in sizes]
+        peer_cpu = torch.empty(1, dtype=torch.float64)
+        raw, raw_cpu, sends = [], 0.0, []
         sender = GlooSender("127.0.0.1", port + 1, 1, timeout_s=120)
-        try:  # the first send forms the group: a warm-up, not timed
-            sends = [sender.send(m, tensors()).seconds for m in manifests][1:]
+        try:
+            sender.send(first, tensors())  # forms the group: a warm-up, not timed
+            for is_raw, send in _rounds(repeats, len(manifests) - 1):
+                if is_raw:
+                    cpu0, t0 = time.process_time(), time.perf_counter()
+                    for b in bufs:
+                        _bare_broadcast(pg, b)
+                    _bare_broadcast(pg, peer_cpu, 1)  # the receiver holds the round: its CPU s
+                    raw.append(time.perf_counter() - t0)
+                    raw_cpu += time.process_time() - cpu0 + float(peer_cpu[0])
+                if send is not None:
+                    sends.append(sender.send(manifests[send + 1], tensors()).seconds)
         finally:
             sender.close()
+            del pg, bufs
         peer.join(120)
     finally:
         if peer.is_alive():

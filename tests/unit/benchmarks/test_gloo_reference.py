@@ -30,7 +30,7 @@ def test_gloo_reference_measures_the_wire_the_packing_and_the_hosts_ceiling(comm
 
     shapes = [("w", (512, 1024)), ("b", (1024,))]
     arrays = {n: np.random.default_rng(0).standard_normal(s, np.float32) for n, s in shapes}
-    manifests = [Manifest.of(v, shapes, "bfloat16", 1 << 20) for v in (1, 2)]
+    manifests = [Manifest.of(v, shapes, "bfloat16", 1 << 20) for v in (1, 2, 3)]
     ref = common.gloo_reference(manifests, lambda: [(n, arrays[n].T.T) for n, _ in shapes], 2)
 
     assert ref["host_cores"] == len(os.sched_getaffinity(0))
@@ -47,3 +47,12 @@ def test_gloo_reference_measures_the_wire_the_packing_and_the_hosts_ceiling(comm
     expected = raw_s_per_gb / max(raw_s_per_gb, cpu_s_per_gb / ref["host_cores"])
     assert ref["host_ceiling_over_raw_gloo"] == pytest.approx(expected, rel=1e-9)
     assert 0 < ref["host_ceiling_over_raw_gloo"] <= 1
+
+
+def test_raw_rounds_and_timed_sends_alternate(common):
+    """Raw round i, then send i: the two measured in turn under the same load, whatever the
+    counts (the receiver follows the same list)."""
+    assert common._rounds(3, 3) == [(True, 0), (True, 1), (True, 2)]
+    assert common._rounds(3, 1) == [(True, 0), (True, None), (True, None)]
+    assert common._rounds(1, 3) == [(True, 0), (False, 1), (False, 2)]
+    assert common._rounds(0, 0) == []
