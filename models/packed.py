@@ -60,8 +60,8 @@ def with_packed(graphdef: nnx.GraphDef, params: nnx.State) -> tuple[nnx.GraphDef
     kernel of each of its `projections` and ``lm_head_packed`` for its LM head [D, V] (the
     embedding transposed when tied; only where the head runs in bfloat16, its params
     bfloat16: `models.decoder.Decoder.logits`), split again: the new graphdef and state (every other
-    leaf the same array, not a copy). Params that already carry packed kernels are
-    packed afresh from their kernels.
+    leaf the same array, not a copy). Given a graphdef and params that already carry
+    packed kernels (this function's own output), it packs them afresh from the kernels.
 
     Args:
         graphdef, params: ``nnx.split`` of a ``models.decoder.Decoder``.
