@@ -419,8 +419,8 @@ NATIVE_MATMUL_MAX_ROWS = 64
 
 #: The same bound for a projection that holds its weight packed already (`models.packed`):
 #: without the packing the kernel is level with XLA's dot or ahead of it at 128 rows too
-#: (`packed_over_xla` 0.93-1.18 by shape), and SmolLM2's 128-row decode step 5-10% faster
-#: through it than through XLA's dot (both with the packed LM head).
+#: (`packed_over_xla` 0.93-1.18 by shape), and SmolLM2's 128-row decode step 4-10% faster
+#: through it than through XLA's dot.
 PACKED_MATMUL_MAX_ROWS = 128
 
 
